@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One-shot set-up for a fresh machine: Debian packages, the project virtualenv (.venv), the nixl DRAM transport,
+# the Go-built control plane (cached in ~/.cache/duplex) and vLLM's own parser in its own cached virtualenv.
+# Idempotent; each step says what it does and how long it took.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+CACHE=${DUPLEX_CACHE:-$HOME/.cache/duplex}
+VLLM_VERSION=${VLLM_VERSION:-0.33.0}
+NIXL_VERSION=${NIXL_VERSION:-1.5.1}
+PY=${PYTHON:-python3}
+mkdir -p "$CACHE"
+t0=$(date +%s)
+step() { printf '\n==> [setup +%ss] %s\n' "$(( $(date +%s) - t0 ))" "$*"; }
+
+step "Debian packages (redis-server, openssl)"
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v openssl >/dev/null || missing+=(openssl)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}";
+  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; fi
+fi
+
+step "project virtualenv .venv"
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q -e ".[test]"
+step "nixl-cu12 $NIXL_VERSION (--no-deps: the DRAM/UCX path needs numpy only, not torch)"
+.venv/bin/pip install -q --no-deps "nixl-cu12==$NIXL_VERSION"
+.venv/bin/python -c "import nixl._api" 2>/dev/null || .venv/bin/python -c "from nixl_cu12 import _api" 2>/dev/null || true
+
+step "control plane binaries (etcd, kube-apiserver, controller-manager, scheduler, kubectl, kwok, helm)"
+bash hack/build-tools.sh > "$CACHE/tools-dir.txt"
+echo "tools in $(cat "$CACHE/tools-dir.txt")"
+
+if [ "${DUPLEX_SKIP_VLLM:-}" != 1 ]; then
+  step "vLLM $VLLM_VERSION in its own cached virtualenv ($CACHE/vllm-$VLLM_VERSION; cold: ~3 min, ~9 GB)"
+  bash hack/setup-vllm.sh
+fi
+
+step "done"

@@ -1,0 +1,105 @@
+"""The `kv_transfer_params` shapes of vLLM's NixlConnector P-D protocol with bidirectional transfer.
+
+One place for the wire contract: the router, the engine simulator and the tests import these names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# What the router sends on a prefill leg when it has nothing safe to replay (plain recompute).
+MISS_PARAMS: dict[str, Any] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+# Keys of decode's final kv_transfer_params that the router stores and may replay to prefill; nothing else.
+REPLAY_KEYS: tuple[str, ...] = (
+    "remote_engine_id",
+    "remote_request_id",
+    "remote_host",
+    "remote_port",
+    "remote_block_ids",
+    "remote_num_tokens",
+    "remote_blocks_expiry_time",
+    "tp_size",
+    "dcp_size",
+    "pp_size",
+    "transfer_mode",
+)
+
+# Keys without which a decode reply cannot be replayed.
+REQUIRED_DECODE_KEYS: tuple[str, ...] = (
+    "remote_engine_id",
+    "remote_request_id",
+    "remote_host",
+    "remote_port",
+    "remote_block_ids",
+    "remote_num_tokens",
+)
+
+# Request fields the prefill leg must not carry (restored on the decode leg, as vLLM's reference proxy does).
+PREFILL_DROPPED_FIELDS: tuple[str, ...] = ("stream_options", "min_tokens", "min_completion_tokens")
+
+KV_PARAMS_FIELD = "kv_transfer_params"
+
+
+def miss_params() -> dict[str, Any]:
+    """A fresh copy of the miss payload."""
+    return dict(MISS_PARAMS)
+
+
+def block_count(block_ids: Any) -> int:
+    """Number of blocks in `remote_block_ids`, which is a flat list or a list per KV cache group."""
+    if not isinstance(block_ids, list) or not block_ids:
+        return 0
+    if all(isinstance(b, list) for b in block_ids):
+        return max((len(g) for g in block_ids), default=0)
+    return len(block_ids)
+
+
+def replayable_decode_params(params: Any) -> dict[str, Any] | None:
+    """The allow-listed subset of decode's final params, or None when they cannot be replayed safely."""
+    if not isinstance(params, dict) or params.get("do_remote_decode") is not True:
+        return None
+    if any(params.get(k) in (None, "", []) for k in REQUIRED_DECODE_KEYS):
+        return None
+    if block_count(params["remote_block_ids"]) == 0:
+        return None
+    num_tokens = params.get("remote_num_tokens")
+    if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens <= 0:
+        return None
+    return {k: params[k] for k in REPLAY_KEYS if k in params}
+
+
+def replay_params(stored: dict[str, Any]) -> dict[str, Any]:
+    """The prefill leg's params for a hit: decode's stored metadata, marked as a P-side request."""
+    out = {k: stored[k] for k in REPLAY_KEYS if k in stored}
+    out["do_remote_decode"] = True
+    out["do_remote_prefill"] = False
+    return out
+
+
+def prefill_leg_body(client_body: dict[str, Any], kv_params: dict[str, Any]) -> dict[str, Any]:
+    """The body sent to prefill: the client's request capped at one token, non-streaming, with kv params."""
+    body = {k: v for k, v in client_body.items() if k not in PREFILL_DROPPED_FIELDS}
+    body["stream"] = False
+    body["max_tokens"] = 1
+    if "max_completion_tokens" in body:
+        body["max_completion_tokens"] = 1
+    body[KV_PARAMS_FIELD] = kv_params
+    return body
+
+
+def decode_leg_body(client_body: dict[str, Any], prefill_params: dict[str, Any] | None) -> dict[str, Any]:
+    """The body sent to decode: the client's own request plus prefill's params, unchanged."""
+    body = dict(client_body)
+    if prefill_params:
+        body[KV_PARAMS_FIELD] = prefill_params
+    else:
+        body.pop(KV_PARAMS_FIELD, None)
+    return body

@@ -1,0 +1,1 @@
+"""The stateful KV-aware router: OpenAI front, P-D legs, conversation store, endpoint discovery."""

@@ -1,0 +1,83 @@
+"""The router's configuration model: the file format of `duplex router --config` and of the operator's ConfigMap.
+
+The operator imports this model to render the router's ConfigMap, so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EndpointSliceDiscovery(_Strict):
+    """Discover engines from the EndpointSlices of the per-role headless Services (namespaced watch)."""
+
+    namespace: str
+    prefill_service: str = Field(description="Headless Service of the prefill role.")
+    decode_service: str = Field(description="Headless Service of the decode role.")
+    port_name: str = Field("http", description="EndpointSlice port name of the engines' HTTP API.")
+    scheme: Literal["http", "https"] = "http"
+
+
+class ConversationConfig(_Strict):
+    body_field: str | None = Field("conversation_id", description="Top-level body field holding the conversation id.")
+    header: str | None = Field("X-Conversation-Id", description="Request header holding the conversation id.")
+    tenant_header: str = Field(
+        "Authorization", description="Header whose digest scopes conversation state to a tenant."
+    )
+    ttl_seconds: float = Field(450.0, gt=0, description="How long a stored decode reply may be replayed.")
+    engine_blocks_ttl_seconds: float = Field(
+        480.0, gt=0, description="decoder_kv_blocks_ttl of the decode engines; ttl_seconds must stay below it."
+    )
+
+    @model_validator(mode="after")
+    def _ttl_below_engine(self) -> "ConversationConfig":
+        if self.ttl_seconds >= self.engine_blocks_ttl_seconds:
+            raise ValueError(
+                f"conversation ttl_seconds ({self.ttl_seconds:g}) must be strictly below the engines' "
+                f"decoder_kv_blocks_ttl ({self.engine_blocks_ttl_seconds:g})"
+            )
+        if self.body_field is None and self.header is None:
+            raise ValueError("at least one of body_field or header must name where the conversation id is read")
+        return self
+
+
+class StoreConfig(_Strict):
+    kind: Literal["memory", "redis"] = "memory"
+    max_entries: int = Field(1_000_000, gt=0, description="Memory store bound; the oldest entries go first.")
+    redis_url: str | None = Field(None, description="redis://host:port/db; may also come from redis_url_env.")
+    redis_url_env: str | None = Field(None, description="Environment variable holding the Redis URL (a Secret).")
+    key_prefix: str = "duplex:conv:"
+
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> "StoreConfig":
+        if self.kind == "redis" and not (self.redis_url or self.redis_url_env):
+            raise ValueError("store kind 'redis' needs redis_url or redis_url_env")
+        return self
+
+
+class TimeoutsConfig(_Strict):
+    connect_seconds: float = Field(5.0, gt=0)
+    prefill_seconds: float = Field(600.0, gt=0, description="Whole prefill leg.")
+    decode_first_byte_seconds: float = Field(600.0, gt=0, description="Until decode's response headers arrive.")
+    decode_idle_seconds: float = Field(120.0, gt=0, description="Longest gap between decode stream chunks.")
+
+
+class RouterConfig(_Strict):
+    host: str = "0.0.0.0"
+    port: int = Field(8000, ge=1, le=65535)
+    prefill: list[str] = Field(default_factory=list, description="Static prefill engine base URLs.")
+    decode: list[str] = Field(default_factory=list, description="Static decode engine base URLs.")
+    discovery: EndpointSliceDiscovery | None = None
+    conversation: ConversationConfig = Field(default_factory=ConversationConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    prefill_retries: int = Field(1, ge=0, le=5, description="Extra prefill attempts on another endpoint, no reuse.")
+    decode_retries: int = Field(1, ge=0, le=5, description="Extra decode attempts before the first byte.")
+    served_model_names: list[str] = Field(default_factory=list, description="Models listed by /v1/models.")
