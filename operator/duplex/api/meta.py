@@ -1,0 +1,10 @@
+"""Names of the DisaggregatedServing API."""
+
+GROUP = "duplex.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "DisaggregatedServing"
+PLURAL = "disaggregatedservings"
+SINGULAR = "disaggregatedserving"
+SHORT_NAME = "dsv"
+FIELD_MANAGER = "duplex-operator"

@@ -1,0 +1,50 @@
+"""vLLM flags duplex sets itself: passing them in extraArgs is rejected with the typed field to use instead."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from duplex.api.rules import Rule
+
+# (flags, field that owns them; "{role}" is the role's own path)
+OWNED_FLAGS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("--kv-transfer-config",), "spec.kvTransfer"),
+    (("--port",), "none: engines always listen on port 8000, which Services and probes use"),
+    (("--host",), "none: engines listen on every pod address"),
+    (("--tensor-parallel-size", "-tp"), "spec.{role}.tensorParallelSize"),
+    (("--model",), "spec.model.name"),
+    (("--served-model-name",), "spec.model.servedModelName"),
+    (("--dtype",), "spec.model.dtype"),
+    (("--max-model-len",), "spec.model.maxModelLen"),
+    (("--block-size",), "spec.model.blockSize"),
+    (("--gpu-memory-utilization",), "spec.{role}.gpuMemoryUtilization"),
+    (("--enable-prefix-caching", "--no-enable-prefix-caching"), "spec.{role}.enablePrefixCaching"),
+    (("--max-num-seqs",), "spec.{role}.maxNumSeqs"),
+    (("--max-num-batched-tokens",), "spec.{role}.maxNumBatchedTokens"),
+)
+
+
+def uses_flag(args: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def _cel(flags: tuple[str, ...]) -> str:
+    terms = " || ".join(f"a == '{f}' || a.startsWith('{f}=')" for f in flags)
+    return f"!has(self.extraArgs) || !self.extraArgs.exists(a, {terms})"
+
+
+def owned_arg_rules(role: str | None) -> tuple[Rule, ...]:
+    """Rules for the extraArgs of one role (`prefill`/`decode`) or of the model (role None: both roles)."""
+    rules = []
+    for flags, owner in OWNED_FLAGS:
+        field = owner.format(role=role or "prefill|decode")
+        if field.startswith("none: "):
+            message = f"{' / '.join(flags)} is set by duplex ({field[len('none: '):]})"
+        else:
+            message = f"{' / '.join(flags)} is set by duplex; use {field} instead"
+
+        def holds(m: Any, flags: tuple[str, ...] = flags) -> bool:
+            return not any(uses_flag(m.extra_args, f) for f in flags)
+
+        rules.append(Rule(cel=_cel(flags), message=message, holds=holds, field_path=".extraArgs"))
+    return tuple(rules)

@@ -1,0 +1,352 @@
+"""spec of a DisaggregatedServing: model, prefill and decode roles, network (EFA), KV transfer, router.
+
+Field descriptions become the CRD's `kubectl explain` text; defaults become schema defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from duplex.api.rules import Checked, Rule
+from duplex.api.owned_args import owned_arg_rules
+
+# Kubernetes-native structures (tolerations, affinity, ...) are passed through as-is; the API server validates them.
+K8sObject = Annotated[dict[str, Any], Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})]
+Quantity = Annotated[
+    str,
+    Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?$", max_length=32),
+]
+Name = Annotated[str, Field(min_length=1, max_length=253)]
+ExtraArgs = Annotated[list[Annotated[str, Field(max_length=1024)]], Field(max_length=64)]
+
+GPU = "nvidia.com/gpu"
+NEURON = "aws.amazon.com/neuron"
+
+
+class Model(Checked):
+    model_config = ConfigDict(alias_generator=to_camel)
+
+
+class SecretKeyRef(Model):
+    """A key of a Secret in the same namespace."""
+
+    name: Name = Field(description="Secret name.")
+    key: Name = Field(description="Key within the Secret.")
+
+
+class EnvVar(Model):
+    """An environment variable: a literal value or a Kubernetes valueFrom source."""
+
+    name: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
+    value: str | None = Field(None, description="Literal value.")
+    value_from: K8sObject | None = Field(None, description="A Kubernetes EnvVarSource (secretKeyRef, fieldRef, ...).")
+
+
+EnvList = Annotated[list[EnvVar], Field(max_length=128)]
+
+
+class PVCSource(Model):
+    claim_name: Name = Field(description="PersistentVolumeClaim holding the model weights/cache.")
+    read_only: bool = Field(True, description="Mount the claim read-only.")
+
+
+class HostPathSource(Model):
+    path: Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^/")] = Field(
+        description="Node directory with the model weights/cache (e.g. a RAID0 instance store)."
+    )
+
+
+class ModelCache(Model):
+    """Where the engines find model weights. Exactly one of pvc or hostPath."""
+
+    RULES = (
+        Rule(
+            cel="has(self.pvc) != has(self.hostPath)",
+            message="model.cache needs exactly one of pvc or hostPath",
+            holds=lambda c: (c.pvc is None) != (c.host_path is None),
+        ),
+    )
+
+    pvc: PVCSource | None = Field(None, description="Mount a PersistentVolumeClaim.")
+    host_path: HostPathSource | None = Field(None, description="Mount a node directory.")
+    mount_path: Annotated[str, Field(pattern=r"^/", max_length=4096)] = Field(
+        "/models", description="Where the cache is mounted in engine containers; HF_HOME points here."
+    )
+
+
+class ModelSpec(Model):
+    """The model the engines serve and how they load it."""
+
+    RULES = owned_arg_rules(role=None)
+
+    name: Annotated[str, Field(min_length=1, max_length=1024)] = Field(
+        description="Hugging Face model id or a path inside the model cache (vllm serve's model argument)."
+    )
+    served_model_name: Annotated[str, Field(min_length=1, max_length=256)] | None = Field(
+        None, description="Name clients send in `model`; defaults to name."
+    )
+    image: Annotated[str, Field(min_length=1, max_length=1024)] = Field(
+        "vllm/vllm-openai:v0.33.0", description="vLLM engine image (with NIXL, and the EFA libraries when EFA is on)."
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field("IfNotPresent")
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
+        "auto", description="vLLM --dtype."
+    )
+    max_model_len: int | None = Field(None, ge=1, le=16_777_216, description="vLLM --max-model-len (tokens).")
+    block_size: Literal[1, 8, 16, 32, 64, 128] = Field(
+        16, description="KV cache block size in tokens; prefill and decode always share it."
+    )
+    hf_token_secret: SecretKeyRef | None = Field(None, description="Secret key holding a Hugging Face token (HF_TOKEN).")
+    cache: ModelCache | None = Field(None, description="Volume with model weights/cache.")
+    env: EnvList = Field(default_factory=list, description="Extra environment for both roles' engines.")
+    extra_args: ExtraArgs = Field(
+        default_factory=list,
+        description="Extra vLLM arguments for both roles. Flags duplex owns are rejected; use their typed fields.",
+    )
+
+
+class Accelerator(Model):
+    type: Literal["nvidia.com/gpu", "aws.amazon.com/neuron"] = Field(
+        GPU, description="Device-plugin resource of the accelerator."
+    )
+    count: int | None = Field(
+        None, ge=1, le=64, description="Devices per pod; defaults to tensorParallelSize (GPU) or TP/2 rounded up (Neuron)."
+    )
+
+
+class RolloutSpec(Model):
+    max_surge: int = Field(1, ge=0, le=100, description="Extra pods allowed during a roll (needs spare nodes).")
+    max_unavailable: int = Field(0, ge=0, le=100, description="Pods that may be down during a roll.")
+
+    RULES = (
+        Rule(
+            cel="self.maxSurge + self.maxUnavailable > 0",
+            message="rollout needs maxSurge or maxUnavailable above 0",
+            holds=lambda r: r.max_surge + r.max_unavailable > 0,
+        ),
+    )
+
+
+class RoleSpec(Model):
+    """One engine role (prefill or decode)."""
+
+    replicas: int = Field(1, ge=0, le=1000, description="Engine pods of this role.")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="vLLM --tensor-parallel-size.")
+    accelerator: Accelerator = Field(default_factory=Accelerator, description="Accelerator resource per pod.")
+    cpu: Quantity | None = Field(None, description="CPU request and limit per pod.")
+    memory: Quantity | None = Field(None, description="Memory request and limit per pod.")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM --gpu-memory-utilization.")
+    enable_prefix_caching: bool = Field(True, description="vLLM prefix caching (keep on in production).")
+    max_num_seqs: int | None = Field(None, ge=1, le=65536, description="vLLM --max-num-seqs.")
+    max_num_batched_tokens: int | None = Field(None, ge=1, le=16_777_216, description="vLLM --max-num-batched-tokens.")
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict, description="Extra node labels the pods require (e.g. instance type)."
+    )
+    tolerations: Annotated[list[K8sObject], Field(max_length=32)] = Field(
+        default_factory=list, description="Extra tolerations (the accelerator taint is tolerated automatically)."
+    )
+    affinity: K8sObject | None = Field(None, description="Kubernetes affinity, merged with EFA co-placement.")
+    topology_spread_constraints: Annotated[list[K8sObject], Field(max_length=16)] = Field(
+        default_factory=list, description="Kubernetes topologySpreadConstraints."
+    )
+    priority_class_name: Annotated[str, Field(max_length=253)] | None = Field(None, description="PriorityClass.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rolling update bounds.")
+    env: EnvList = Field(default_factory=list, description="Extra environment for this role's engines.")
+    extra_args: ExtraArgs = Field(
+        default_factory=list,
+        description="Extra vLLM arguments for this role. Flags duplex owns are rejected; use their typed fields.",
+    )
+
+
+class PrefillSpec(RoleSpec):
+    RULES = owned_arg_rules(role="prefill")
+
+
+class DecodeSpec(RoleSpec):
+    RULES = owned_arg_rules(role="decode")
+
+
+class EFASpec(Model):
+    """AWS Elastic Fabric Adapter: one switch derives resources, hugepages, IPC_LOCK, /dev/shm, FI_* env and LIBFABRIC."""
+
+    enabled: bool = Field(False, description="Attach EFA devices and use NIXL's LIBFABRIC backend.")
+    devices_per_pod: int = Field(
+        16, ge=1, le=64, description="vpc.amazonaws.com/efa per pod (p5en.48xlarge: 16; p5.48xlarge: 32; trn2: 16)."
+    )
+    hugepages2_mi: Quantity = Field("5120Mi", alias="hugepages2Mi", description="hugepages-2Mi per pod.")
+    shm_size: Quantity = Field("64Gi", description="Size of the in-memory /dev/shm volume.")
+    privileged: bool = Field(
+        False, description="Run engines privileged (some drivers need it for fi_mr_reg of device memory)."
+    )
+    fork_safe: bool = Field(True, description="FI_EFA_FORK_SAFE.")
+    library_path: Annotated[str, Field(max_length=4096)] = Field(
+        "/opt/amazon/efa/lib:/opt/amazon/efa/lib64", description="Prepended to LD_LIBRARY_PATH."
+    )
+    same_zone: bool = Field(True, description="Require prefill and decode pods in one availability zone.")
+
+
+class NetworkSpec(Model):
+    efa: EFASpec = Field(default_factory=EFASpec, description="EFA settings.")
+
+
+class KVTransferSpec(Model):
+    """NixlConnector settings shared by both roles (rendered into --kv-transfer-config)."""
+
+    connector: Literal["NixlConnector"] = Field("NixlConnector", description="vLLM KV connector.")
+    backend: Literal["UCX", "LIBFABRIC"] | None = Field(
+        None, description="NIXL backend; derived from network.efa (LIBFABRIC with EFA, else UCX) unless set."
+    )
+    buffer_device: Literal["cuda", "cpu"] | None = Field(
+        None, description="kv_buffer_device; derived from the accelerator (cuda on GPU, cpu on Neuron) unless set."
+    )
+    bidirectional: bool = Field(
+        True, description="bidirectional_kv_xfer on both roles: decode keeps KV after generation; prefill reads it back."
+    )
+    decode_blocks_ttl: int = Field(
+        480, ge=60, le=86400, alias="decodeBlocksTTL", description="decoder_kv_blocks_ttl: seconds decode keeps blocks."
+    )
+    recompute_threshold: int = Field(
+        64, ge=0, le=1_048_576, description="kv_recompute_threshold: fewer reusable tokens than this are recomputed (0: always read)."
+    )
+    lease_duration: int = Field(30, ge=6, le=3600, description="kv_lease_duration: seconds of prefill's block lease.")
+    load_failure_policy: Literal["recompute", "fail"] = Field(
+        "recompute", description="kv_load_failure_policy on both roles: recompute a failed/declined read, or fail the request."
+    )
+    side_channel_port: int = Field(5600, ge=1024, le=65535, description="VLLM_NIXL_SIDE_CHANNEL_PORT.")
+    allow_decode_tp_below_prefill: bool = Field(
+        False,
+        alias="allowDecodeTPBelowPrefill",
+        description="Allow decode TP < prefill TP (NixlConnector does not support it; only for patched builds).",
+    )
+
+
+class ServiceSpec(Model):
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field("ClusterIP", description="Router Service type.")
+    port: int = Field(8000, ge=1, le=65535, description="Router Service port.")
+    annotations: dict[str, Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=dict, description="Annotations (e.g. for the AWS load balancer controller)."
+    )
+
+
+class ConversationSpec(Model):
+    """How the router identifies a conversation and how long it may replay decode's blocks."""
+
+    RULES = (
+        Rule(
+            cel="has(self.bodyField) || has(self.header)",
+            message="router.conversation needs bodyField or header to read the conversation id",
+            holds=lambda c: c.body_field is not None or c.header is not None,
+        ),
+    )
+
+    body_field: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
+        "conversation_id", description="Top-level request body field with the conversation id (stripped before forwarding)."
+    )
+    header: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
+        "X-Conversation-Id", description="Request header with the conversation id."
+    )
+    tenant_header: Annotated[str, Field(min_length=1, max_length=128)] = Field(
+        "Authorization", description="Header whose digest scopes conversation state to a tenant."
+    )
+    ttl: int | None = Field(
+        None,
+        ge=1,
+        le=86400,
+        description="Seconds the router may replay decode's blocks; must be below kvTransfer.decodeBlocksTTL "
+        "(default: decodeBlocksTTL - 30).",
+    )
+
+
+class RedisSpec(Model):
+    RULES = (
+        Rule(
+            cel="has(self.url) != has(self.urlSecret)",
+            message="router.store.redis needs exactly one of url or urlSecret",
+            holds=lambda r: (r.url is None) != (r.url_secret is None),
+        ),
+    )
+
+    url: Annotated[str, Field(pattern=r"^rediss?://", max_length=1024)] | None = Field(None, description="redis://host:port/db")
+    url_secret: SecretKeyRef | None = Field(None, description="Secret key holding the Redis URL (with credentials).")
+
+
+class StoreSpec(Model):
+    RULES = (
+        Rule(
+            cel="self.type != 'redis' || has(self.redis)",
+            message="router.store.type redis needs router.store.redis",
+            holds=lambda s: s.type != "redis" or s.redis is not None,
+        ),
+    )
+
+    type: Literal["memory", "redis"] = Field("memory", description="Conversation state store.")
+    max_entries: int = Field(1_000_000, ge=1, le=100_000_000, description="Memory store bound.")
+    redis: RedisSpec | None = Field(None, description="Redis connection (type redis).")
+
+
+class RouterSpec(Model):
+    RULES = (
+        Rule(
+            cel="self.replicas <= 1 || self.store.type == 'redis'",
+            message="router.replicas above 1 needs router.store.type redis, so that replicas share conversation state",
+            holds=lambda r: r.replicas <= 1 or r.store.type == "redis",
+        ),
+    )
+
+    replicas: int = Field(1, ge=0, le=100, description="Router pods.")
+    image: Annotated[str, Field(min_length=1, max_length=1024)] = Field(
+        "ghcr.io/duplex-dev/duplex:0.1.0", description="duplex image (runs `duplex router`)."
+    )
+    cpu: Quantity = Field("1", description="CPU request and limit.")
+    memory: Quantity = Field("1Gi", description="Memory request and limit.")
+    service: ServiceSpec = Field(default_factory=ServiceSpec, description="Router Service.")
+    conversation: ConversationSpec = Field(default_factory=ConversationSpec, description="Conversation identity and TTL.")
+    store: StoreSpec = Field(default_factory=StoreSpec, description="Conversation state store.")
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(default_factory=dict)
+    tolerations: Annotated[list[K8sObject], Field(max_length=32)] = Field(default_factory=list)
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, le=1024**3, description="Largest accepted request body.")
+
+
+def _decode_tp_ok(s: "DisaggregatedServingSpec") -> bool:
+    return s.decode.tensor_parallel_size >= s.prefill.tensor_parallel_size or s.kv_transfer.allow_decode_tp_below_prefill
+
+
+def _router_ttl_ok(s: "DisaggregatedServingSpec") -> bool:
+    ttl = s.router.conversation.ttl
+    return ttl is None or ttl < s.kv_transfer.decode_blocks_ttl
+
+
+class DisaggregatedServingSpec(Model):
+    """Desired state of a prefill-decode disaggregated vLLM deployment with bidirectional KV transfer."""
+
+    RULES = (
+        Rule(
+            cel="self.decode.tensorParallelSize >= self.prefill.tensorParallelSize || "
+            "self.kvTransfer.allowDecodeTPBelowPrefill",
+            message="decode.tensorParallelSize must be >= prefill.tensorParallelSize (NixlConnector limitation); "
+            "set kvTransfer.allowDecodeTPBelowPrefill to override",
+            holds=_decode_tp_ok,
+        ),
+        Rule(
+            cel="!self.network.efa.enabled || (has(self.prefill.memory) && has(self.decode.memory))",
+            message="network.efa.enabled needs prefill.memory and decode.memory: "
+            "Kubernetes requires a memory request beside hugepages",
+            holds=lambda s: not s.network.efa.enabled or (s.prefill.memory is not None and s.decode.memory is not None),
+        ),
+        Rule(
+            cel="!has(self.router.conversation.ttl) || self.router.conversation.ttl < self.kvTransfer.decodeBlocksTTL",
+            message="router.conversation.ttl must be strictly below kvTransfer.decodeBlocksTTL, "
+            "or the router would replay blocks decode has already freed",
+            holds=_router_ttl_ok,
+        ),
+    )
+
+    model: ModelSpec = Field(description="Model and engine image.")
+    prefill: PrefillSpec = Field(default_factory=PrefillSpec, description="Prefill role.")
+    decode: DecodeSpec = Field(default_factory=DecodeSpec, description="Decode role.")
+    network: NetworkSpec = Field(default_factory=NetworkSpec, description="Fabric settings.")
+    kv_transfer: KVTransferSpec = Field(default_factory=KVTransferSpec, description="KV transfer (NixlConnector).")
+    router: RouterSpec = Field(default_factory=RouterSpec, description="KV-aware router.")

@@ -1,0 +1,53 @@
+"""status of a DisaggregatedServing: per-role counts, router endpoint, effective KV settings and conditions."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from duplex.api.rules import Checked
+
+CONDITION_TYPES = ("Ready", "ConfigValid", "PrefillReady", "DecodeReady", "RouterReady", "Progressing")
+
+
+class _Status(Checked):
+    model_config = ConfigDict(alias_generator=to_camel, extra="allow")
+
+
+class Condition(_Status):
+    type: str = Field(description="One of Ready, ConfigValid, PrefillReady, DecodeReady, RouterReady, Progressing.")
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(description="CamelCase reason.")
+    message: str = Field("", description="Human-readable detail.")
+    observed_generation: int | None = Field(None, description="Generation the condition was computed from.")
+    last_transition_time: str | None = Field(None, description="When status last changed (RFC 3339).")
+
+
+class RoleStatus(_Status):
+    replicas: int = Field(0, description="Desired pods.")
+    ready_replicas: int = Field(0, description="Pods passing readiness.")
+    updated_replicas: int = Field(0, description="Pods on the current template.")
+    summary: str = Field("0/0", description="ready/desired, for printer columns.")
+
+
+class EffectiveKV(_Status):
+    backend: str | None = None
+    bidirectional: bool | None = None
+    recompute_threshold: int | None = None
+    decode_blocks_ttl: int | None = Field(None, alias="decodeBlocksTTL")
+    router_conversation_ttl: int | None = Field(None, alias="routerConversationTTL")
+    lease_duration: int | None = None
+    load_failure_policy: str | None = None
+
+
+class DisaggregatedServingStatus(_Status):
+    observed_generation: int | None = Field(None, description="Generation of the spec last reconciled.")
+    prefill: RoleStatus | None = None
+    decode: RoleStatus | None = None
+    router: RoleStatus | None = None
+    router_endpoint: str | None = Field(None, description="In-cluster URL of the router Service.")
+    effective_kv: EffectiveKV | None = Field(None, alias="effectiveKV", description="KV settings the engines run with.")
+    engine_config_hash: str | None = Field(None, description="Hash of the engine-facing configuration.")
+    conditions: list[Condition] = Field(default_factory=list)

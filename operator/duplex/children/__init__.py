@@ -1,0 +1,1 @@
+"""Pure builders: a DisaggregatedServing in, the Kubernetes objects it owns out."""

@@ -1,0 +1,157 @@
+"""The prefill and decode engine Deployments: vLLM serve with NixlConnector, one builder for both roles."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from duplex.api.spec import DisaggregatedServingSpec, RoleSpec
+from duplex.children import efa
+from duplex.children.kv_config import kv_transfer_json
+from duplex.children.labels import ENGINE_HASH_ANNOTATION, HTTP_PORT, child_name, labels, selector
+
+ROLES = ("prefill", "decode")
+
+
+def served_model_name(spec: DisaggregatedServingSpec) -> str:
+    return spec.model.served_model_name or spec.model.name
+
+
+def vllm_args(spec: DisaggregatedServingSpec, role_name: str) -> list[str]:
+    """Arguments of `vllm serve` for one role (the container's args; command is ["vllm", "serve"])."""
+    role: RoleSpec = getattr(spec, role_name)
+    model = spec.model
+    args = [
+        model.name,
+        "--served-model-name", served_model_name(spec),
+        "--port", str(HTTP_PORT),
+        "--tensor-parallel-size", str(role.tensor_parallel_size),
+        "--dtype", model.dtype,
+        "--block-size", str(model.block_size),
+        "--gpu-memory-utilization", f"{role.gpu_memory_utilization:g}",
+        "--enable-prefix-caching" if role.enable_prefix_caching else "--no-enable-prefix-caching",
+    ]  # fmt: skip
+    if model.max_model_len is not None:
+        args += ["--max-model-len", str(model.max_model_len)]
+    if role.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(role.max_num_seqs)]
+    if role.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(role.max_num_batched_tokens)]
+    args += ["--kv-transfer-config", kv_transfer_json(spec, role_name)]
+    return args + list(model.extra_args) + list(role.extra_args)
+
+
+def _env(spec: DisaggregatedServingSpec, role: RoleSpec) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [
+        # NIXL's side channel must advertise the pod IP: the peer engine connects to it directly.
+        {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(spec.kv_transfer.side_channel_port)},
+    ]
+    if spec.model.hf_token_secret:
+        ref = spec.model.hf_token_secret
+        out.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    if spec.model.cache:
+        out.append({"name": "HF_HOME", "value": spec.model.cache.mount_path})
+    out += efa.env(spec)
+    user = [e.model_dump(by_alias=True, exclude_none=True) for e in (*spec.model.env, *role.env)]
+    overridden = {e["name"] for e in user}
+    return [e for e in out if e["name"] not in overridden] + user
+
+
+def _volumes(spec: DisaggregatedServingSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes = [efa.shm_volume(spec)]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    cache = spec.model.cache
+    if cache:
+        if cache.pvc:
+            source = {"persistentVolumeClaim": {"claimName": cache.pvc.claim_name, "readOnly": cache.pvc.read_only}}
+        else:
+            assert cache.host_path is not None
+            source = {"hostPath": {"path": cache.host_path.path, "type": "Directory"}}
+        volumes.append({"name": "model-cache", **source})
+        mounts.append({"name": "model-cache", "mountPath": cache.mount_path})
+    return volumes, mounts
+
+
+def _probes() -> dict[str, Any]:
+    health = {"httpGet": {"path": "/health", "port": "http"}}
+    return {
+        # Loading a large model takes minutes; the startup probe gives it up to 30 min before liveness applies.
+        "startupProbe": {**health, "periodSeconds": 10, "failureThreshold": 180},
+        "readinessProbe": {**health, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 6, "timeoutSeconds": 5},
+    }
+
+
+def engine_container(spec: DisaggregatedServingSpec, role_name: str) -> dict[str, Any]:
+    role: RoleSpec = getattr(spec, role_name)
+    _, mounts = _volumes(spec)
+    return {
+        "name": "vllm",
+        "image": spec.model.image,
+        "imagePullPolicy": spec.model.image_pull_policy,
+        "command": ["vllm", "serve"],
+        "args": vllm_args(spec, role_name),
+        "env": _env(spec, role),
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {"name": "nixl-side", "containerPort": spec.kv_transfer.side_channel_port, "protocol": "TCP"},
+        ],
+        "resources": efa.resources(spec, role),
+        "securityContext": efa.security_context(spec),
+        "volumeMounts": mounts,
+        **_probes(),
+    }
+
+
+def config_hash(pod_spec: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(pod_spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def engine_deployment(spec: DisaggregatedServingSpec, serving: str, namespace: str, role_name: str) -> dict[str, Any]:
+    role: RoleSpec = getattr(spec, role_name)
+    volumes, _ = _volumes(spec)
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,  # engines never talk to the API server
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 60,
+        "containers": [engine_container(spec, role_name)],
+        "volumes": volumes,
+        "tolerations": efa.tolerations(role),
+    }
+    if role.node_selector:
+        pod_spec["nodeSelector"] = dict(role.node_selector)
+    affinity = efa.affinity(spec, serving, role)
+    if affinity:
+        pod_spec["affinity"] = affinity
+    if role.topology_spread_constraints:
+        pod_spec["topologySpreadConstraints"] = list(role.topology_spread_constraints)
+    if role.priority_class_name:
+        pod_spec["priorityClassName"] = role.priority_class_name
+    meta_labels = labels(serving, role_name)
+    # No version label on pods: upgrading the operator alone must not roll GPU engines.
+    pod_labels = {k: v for k, v in meta_labels.items() if k != "app.kubernetes.io/version"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": child_name(serving, role_name), "namespace": namespace, "labels": meta_labels},
+        "spec": {
+            "replicas": role.replicas,
+            "selector": {"matchLabels": selector(serving, role_name)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": role.rollout.max_surge, "maxUnavailable": role.rollout.max_unavailable},
+            },
+            "template": {
+                "metadata": {"labels": pod_labels, "annotations": {ENGINE_HASH_ANNOTATION: config_hash(pod_spec)}},
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def engine_config_hash(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> str:
+    """One hash over both roles' pod templates: it changes exactly when engine pods must roll."""
+    parts = [engine_deployment(spec, serving, namespace, r)["spec"]["template"]["spec"] for r in ROLES]
+    return config_hash({"roles": parts})

@@ -1,0 +1,63 @@
+"""The NixlConnector `--kv-transfer-config` each role runs with, and the settings derived from the spec."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from duplex.api.spec import NEURON, DisaggregatedServingSpec
+
+ROUTER_TTL_MARGIN = 30  # seconds the router's replay window stays below decode's block TTL by default
+
+
+def backend(spec: DisaggregatedServingSpec) -> str:
+    if spec.kv_transfer.backend:
+        return spec.kv_transfer.backend
+    return "LIBFABRIC" if spec.network.efa.enabled else "UCX"
+
+
+def buffer_device(spec: DisaggregatedServingSpec, role: str) -> str:
+    if spec.kv_transfer.buffer_device:
+        return spec.kv_transfer.buffer_device
+    accelerator = getattr(spec, role).accelerator.type
+    return "cpu" if accelerator == NEURON else "cuda"
+
+
+def router_ttl(spec: DisaggregatedServingSpec) -> int:
+    explicit = spec.router.conversation.ttl
+    return explicit if explicit is not None else spec.kv_transfer.decode_blocks_ttl - ROUTER_TTL_MARGIN
+
+
+def kv_transfer_config(spec: DisaggregatedServingSpec, role: str) -> dict[str, Any]:
+    kv = spec.kv_transfer
+    return {
+        "kv_connector": kv.connector,
+        "kv_role": "kv_both",  # NixlConnector decides P or D per request; bidirectional roles do both
+        "kv_buffer_device": buffer_device(spec, role),
+        "kv_load_failure_policy": kv.load_failure_policy,
+        "kv_connector_extra_config": {
+            "backends": [backend(spec)],
+            "bidirectional_kv_xfer": kv.bidirectional,
+            "kv_recompute_threshold": kv.recompute_threshold,
+            "decoder_kv_blocks_ttl": kv.decode_blocks_ttl,
+            "kv_lease_duration": kv.lease_duration,
+        },
+    }
+
+
+def kv_transfer_json(spec: DisaggregatedServingSpec, role: str) -> str:
+    return json.dumps(kv_transfer_config(spec, role), separators=(",", ":"), sort_keys=True)
+
+
+def effective(spec: DisaggregatedServingSpec) -> dict[str, Any]:
+    """status.effectiveKV: what the engines and the router actually run with."""
+    kv = spec.kv_transfer
+    return {
+        "backend": backend(spec),
+        "bidirectional": kv.bidirectional,
+        "recomputeThreshold": kv.recompute_threshold,
+        "decodeBlocksTTL": kv.decode_blocks_ttl,
+        "routerConversationTTL": router_ttl(spec),
+        "leaseDuration": kv.lease_duration,
+        "loadFailurePolicy": kv.load_failure_policy,
+    }

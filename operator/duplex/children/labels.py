@@ -1,0 +1,32 @@
+"""Names and labels shared by every child object."""
+
+from __future__ import annotations
+
+from duplex import __version__
+
+MANAGED_BY = "duplex"
+SERVING_LABEL = "duplex.dev/serving"
+ROLE_LABEL = "duplex.dev/role"
+ENGINE_HASH_ANNOTATION = "duplex.dev/engine-config-hash"
+HTTP_PORT = 8000
+
+
+def child_name(serving: str, suffix: str) -> str:
+    return f"{serving}-{suffix}"
+
+
+def selector(serving: str, role: str) -> dict[str, str]:
+    """Labels that select one role's pods; immutable once a Deployment exists."""
+    return {SERVING_LABEL: serving, ROLE_LABEL: role}
+
+
+def labels(serving: str, role: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "vllm" if role in ("prefill", "decode") else "duplex-router",
+        "app.kubernetes.io/instance": serving,
+        "app.kubernetes.io/component": role,
+        "app.kubernetes.io/part-of": "duplex",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        "app.kubernetes.io/version": __version__,
+        **selector(serving, role),
+    }

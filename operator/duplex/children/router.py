@@ -1,0 +1,147 @@
+"""The router: its config (the router's own pydantic model), ConfigMap, Deployment and least-privilege RBAC."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from duplex_sidecars.router.config import (
+    ConversationConfig,
+    EndpointSliceDiscovery,
+    RouterConfig,
+    StoreConfig,
+)
+
+from duplex.api.spec import DisaggregatedServingSpec
+from duplex.children.engine import served_model_name
+from duplex.children.kv_config import kv_transfer_config, router_ttl
+from duplex.children.labels import HTTP_PORT, child_name, labels, selector
+
+CONFIG_KEY = "router.json"
+CONFIG_DIR = "/etc/duplex"
+REDIS_URL_ENV = "DUPLEX_REDIS_URL"
+
+
+def router_config(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> RouterConfig:
+    conv = spec.router.conversation
+    store = spec.router.store
+    redis = store.redis
+    return RouterConfig(
+        host="0.0.0.0",
+        port=HTTP_PORT,
+        discovery=EndpointSliceDiscovery(
+            namespace=namespace,
+            prefill_service=child_name(serving, "prefill"),
+            decode_service=child_name(serving, "decode"),
+            port_name="http",
+        ),
+        conversation=ConversationConfig(
+            body_field=conv.body_field,
+            header=conv.header,
+            tenant_header=conv.tenant_header,
+            ttl_seconds=float(router_ttl(spec)),
+            engine_blocks_ttl_seconds=float(spec.kv_transfer.decode_blocks_ttl),
+        ),
+        store=StoreConfig(
+            kind=store.type,
+            max_entries=store.max_entries,
+            redis_url=redis.url if redis else None,
+            redis_url_env=REDIS_URL_ENV if redis and redis.url_secret else None,
+        ),
+        max_body_bytes=spec.router.max_body_bytes,
+        served_model_names=[served_model_name(spec)],
+    )
+
+
+def router_configmap(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> dict[str, Any]:
+    config = router_config(spec, serving, namespace).model_dump(mode="json")
+    data = {
+        CONFIG_KEY: json.dumps(config, indent=2, sort_keys=True) + "\n",
+        # For humans and diff tools: the connector config each role's engines run with.
+        "kv-transfer-prefill.json": json.dumps(kv_transfer_config(spec, "prefill"), indent=2, sort_keys=True) + "\n",
+        "kv-transfer-decode.json": json.dumps(kv_transfer_config(spec, "decode"), indent=2, sort_keys=True) + "\n",
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": child_name(serving, "router"), "namespace": namespace, "labels": labels(serving, "router")},
+        "data": data,
+    }
+
+
+def router_deployment(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> dict[str, Any]:
+    router = spec.router
+    name = child_name(serving, "router")
+    env: list[dict[str, Any]] = []
+    if router.store.redis and router.store.redis.url_secret:
+        ref = router.store.redis.url_secret
+        env.append({"name": REDIS_URL_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    amounts = {"cpu": router.cpu, "memory": router.memory}
+    container = {
+        "name": "router",
+        "image": router.image,
+        "command": ["duplex", "router", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}"],
+        "env": env,
+        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "resources": {"requests": dict(amounts), "limits": dict(amounts)},
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5},
+        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "failureThreshold": 3},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "runAsGroup": 65532,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+    }
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": name,
+        "enableServiceLinks": False,
+        "containers": [container],
+        # The mounted file updates in place; the router reloads it without a restart (no conversation state lost).
+        "volumes": [{"name": "config", "configMap": {"name": name}}],
+    }
+    if router.node_selector:
+        pod_spec["nodeSelector"] = dict(router.node_selector)
+    if router.tolerations:
+        pod_spec["tolerations"] = list(router.tolerations)
+    meta_labels = labels(serving, "router")
+    pod_labels = {k: v for k, v in meta_labels.items() if k != "app.kubernetes.io/version"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": meta_labels},
+        "spec": {
+            "replicas": router.replicas,
+            "selector": {"matchLabels": selector(serving, "router")},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+        },
+    }
+
+
+def router_rbac(serving: str, namespace: str) -> list[dict[str, Any]]:
+    """A ServiceAccount that may only read EndpointSlices in its own namespace."""
+    name = child_name(serving, "router")
+    meta = {"name": name, "namespace": namespace, "labels": labels(serving, "router")}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": dict(meta),
+            "rules": [
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": dict(meta),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        },
+    ]

@@ -1,0 +1,52 @@
+"""Headless Services per engine role (their EndpointSlices feed the router) and the router's Service."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from duplex.api.spec import DisaggregatedServingSpec
+from duplex.children.labels import HTTP_PORT, child_name, labels, selector
+
+
+def engine_service(spec: DisaggregatedServingSpec, serving: str, namespace: str, role: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": child_name(serving, role), "namespace": namespace, "labels": labels(serving, role)},
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector(serving, role),
+            "publishNotReadyAddresses": False,
+            "ports": [
+                {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                {
+                    "name": "nixl-side",
+                    "port": spec.kv_transfer.side_channel_port,
+                    "targetPort": "nixl-side",
+                    "protocol": "TCP",
+                },
+            ],
+        },
+    }
+
+
+def router_service(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> dict[str, Any]:
+    svc = spec.router.service
+    metadata: dict[str, Any] = {"name": child_name(serving, "router"), "namespace": namespace}
+    metadata["labels"] = labels(serving, "router")
+    if svc.annotations:
+        metadata["annotations"] = dict(svc.annotations)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata,
+        "spec": {
+            "type": svc.type,
+            "selector": selector(serving, "router"),
+            "ports": [{"name": "http", "port": svc.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def router_endpoint(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> str:
+    return f"http://{child_name(serving, 'router')}.{namespace}.svc:{spec.router.service.port}"

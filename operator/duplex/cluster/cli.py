@@ -1,0 +1,63 @@
+"""`duplex cluster up|down|status|kubeconfig`: the command-line shell around LocalCluster."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from duplex.cluster.local import ClusterError, LocalCluster, default_state_dir
+from duplex.cluster.tools import ToolsMissing
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--dir", default=None,
+                        help=f"state dir (default: $DUPLEX_CLUSTER_DIR or {default_state_dir()})")
+    parser = argparse.ArgumentParser(
+        prog="duplex cluster",
+        description="A local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, "
+                    "kube-scheduler, kwok) with fake EKS EFA GPU nodes. No containers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", parents=[common], help="start the cluster (idempotent)")
+    up.add_argument("--bin-dir", default=None,
+                    help="dir with the binaries (default: $DUPLEX_BIN, else built or reused by hack/build-tools.sh)")
+    up.add_argument("--no-build", action="store_true",
+                    help="do not run hack/build-tools.sh; fail if the binaries are missing")
+    up.add_argument("--nodes", default=None, help="node manifests to register (default: tests/fixtures/fake-nodes.yaml)")
+    up.add_argument("--timeout", type=float, default=300.0, help="overall startup deadline in seconds (default 300)")
+    sub.add_parser("down", parents=[common], help="stop every component and remove the runtime state")
+    sub.add_parser("status", parents=[common], help="component health and nodes; exit 1 when not running")
+    sub.add_parser("kubeconfig", parents=[common], help="print the admin kubeconfig path")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        if args.command == "up":
+            cluster = LocalCluster(args.dir, bin_dir=args.bin_dir, nodes_file=args.nodes)
+            cluster.up(timeout=args.timeout, build=not args.no_build)
+            print(cluster.kubeconfig)
+            return 0
+        cluster = LocalCluster(args.dir)
+        if args.command == "down":
+            stopped = cluster.down()
+            print(f"stopped: {', '.join(stopped)}" if stopped else f"nothing was running in {cluster.state_dir}")
+            return 0
+        if args.command == "status":
+            status = cluster.status()
+            print(status.render())
+            return 0 if status.running else 1
+        if args.command == "kubeconfig":
+            if not cluster.status(with_nodes=False).components:
+                print(f"no cluster in {cluster.state_dir}: run `duplex cluster up`", file=sys.stderr)
+                return 1
+            print(cluster.kubeconfig)
+            return 0
+    except ToolsMissing as err:
+        print(f"duplex cluster: {err}", file=sys.stderr)
+        return 3
+    except ClusterError as err:
+        print(f"duplex cluster: FAILED: {err}", file=sys.stderr)
+        return 1
+    return 2

@@ -1,0 +1,201 @@
+"""The command lines of the local control plane's components: a pure function from the state dir layout, the ports
+and the bin dir to each component's argv and health URL."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from duplex.cluster.pki import PKIPaths
+
+SERVICE_CIDR = "10.0.0.0/24"
+POD_CIDR = "10.244.0.0/16"  # kwok's fallback for nodes without spec.podCIDR; fake-nodes.yaml gives each its own /24
+SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+KWOK_NODE_SELECTOR = "kwok.x-k8s.io/node=fake"
+HEALTH_PATHS = "/healthz,/readyz,/livez,/metrics"
+
+# Start order; `down` stops in reverse.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+# Every request at Metadata level: who did which verb on which object, never bodies (tests count write verbs).
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Metadata
+"""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Files and dirs inside one cluster state dir."""
+
+    root: Path
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.root / ".lock"
+
+    @property
+    def pki(self) -> PKIPaths:
+        return PKIPaths(self.root / "pki")
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def users_dir(self) -> Path:
+        return self.root / "users"
+
+    @property
+    def etcd_data(self) -> Path:
+        return self.root / "etcd-data"
+
+    @property
+    def audit_policy(self) -> Path:
+        return self.root / "audit-policy.yaml"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.root / "audit.log"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def apiserver_cert_dir(self) -> Path:
+        return self.root / "apiserver-certs"
+
+    def log(self, component: str) -> Path:
+        return self.logs_dir / f"{component}.log"
+
+    def runtime_paths(self) -> list[Path]:
+        """Everything `down` removes (the logs stay for post-mortems)."""
+        return [self.state_file, self.pki.root, self.kubeconfig, self.users_dir, self.etcd_data, self.audit_policy,
+                self.audit_log, self.apiserver_cert_dir]
+
+
+@dataclass(frozen=True)
+class Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver}"
+
+
+def argv(component: str, layout: Layout, ports: Ports, bin_dir: Path) -> list[str]:
+    pki = layout.pki
+    kubeconfig = str(layout.kubeconfig)
+    if component == "etcd":
+        client = f"http://127.0.0.1:{ports.etcd_client}"
+        peer = f"http://127.0.0.1:{ports.etcd_peer}"
+        return [
+            str(bin_dir / "etcd"),
+            "--name=duplex",
+            f"--data-dir={layout.etcd_data}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=duplex={peer}",
+            "--unsafe-no-fsync=true",  # throwaway data: do not pay fsyncs on a shared 2-core box
+            "--log-level=warn",
+        ]
+    if component == "kube-apiserver":
+        return [
+            str(bin_dir / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
+            "--etcd-prefix=/registry",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={ports.apiserver}",
+            f"--cert-dir={layout.apiserver_cert_dir}",
+            f"--tls-cert-file={pki.apiserver_cert}",
+            f"--tls-private-key-file={pki.apiserver_key}",
+            f"--client-ca-file={pki.ca_cert}",
+            "--authorization-mode=Node,RBAC",
+            # The defaults (NamespaceLifecycle, ServiceAccount, PodSecurity, ResourceQuota, ...) stay on; add these.
+            "--enable-admission-plugins=NodeRestriction",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--allow-privileged=true",
+            "--endpoint-reconciler-type=none",  # loopback cannot be published as the `kubernetes` endpoint
+            f"--service-account-issuer={SA_ISSUER}",
+            f"--service-account-key-file={pki.sa_pub}",
+            f"--service-account-signing-key-file={pki.sa_key}",
+            f"--audit-policy-file={layout.audit_policy}",
+            f"--audit-log-path={layout.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",  # an event is on disk before the response: tests read it right after
+            "--audit-log-maxsize=0",  # no rotation: tests scan one file
+            "--profiling=false",
+        ]
+    if component == "kube-controller-manager":
+        return [
+            str(bin_dir / "kube-controller-manager"),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            f"--authorization-always-allow-paths={HEALTH_PATHS}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports.controller_manager}",
+            "--leader-elect=false",
+            "--controllers=*",
+            f"--root-ca-file={pki.ca_cert}",
+            f"--service-account-private-key-file={pki.sa_key}",
+            f"--cluster-signing-cert-file={pki.ca_cert}",
+            f"--cluster-signing-key-file={pki.ca_key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--kube-api-qps=100",
+            "--kube-api-burst=200",
+            # kwok renews node leases; under a busy compile a renewal can be late, which must not taint the nodes.
+            "--node-monitor-grace-period=120s",
+            "--profiling=false",
+        ]
+    if component == "kube-scheduler":
+        return [
+            str(bin_dir / "kube-scheduler"),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            f"--authorization-always-allow-paths={HEALTH_PATHS}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports.scheduler}",
+            "--leader-elect=false",
+            "--profiling=false",
+        ]
+    if component == "kwok":
+        return [
+            str(bin_dir / "kwok"),
+            f"--kubeconfig={kubeconfig}",
+            f"--config={bin_dir / 'kwok-stages.yaml'}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={KWOK_NODE_SELECTOR}",
+            f"--cidr={POD_CIDR}",
+            f"--server-address=127.0.0.1:{ports.kwok}",
+            "--node-lease-duration-seconds=40",
+        ]
+    raise ValueError(f"unknown component {component!r}")
+
+
+def health_url(component: str, ports: Ports) -> str:
+    """Where the component says it is healthy (the apiserver's /readyz needs a client cert; see APIClient.ready)."""
+    return {
+        "etcd": f"http://127.0.0.1:{ports.etcd_client}/health",
+        "kube-apiserver": f"{ports.server}/readyz",
+        "kube-controller-manager": f"https://127.0.0.1:{ports.controller_manager}/healthz",
+        "kube-scheduler": f"https://127.0.0.1:{ports.scheduler}/healthz",
+        "kwok": f"http://127.0.0.1:{ports.kwok}/healthz",
+    }[component]

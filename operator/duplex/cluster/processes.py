@@ -1,0 +1,147 @@
+"""Detached component processes: start one in its own session with its log in a file, tell whether a recorded pid is
+still that same process, and stop its whole process group. Processes are only ever signalled by recorded id."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+# Popen objects of the processes this interpreter started, so stopping one also reaps it (no zombies in pytest).
+_children: dict[int, subprocess.Popen] = {}
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """What a state file remembers about a started process. `start_ticks` guards against pid reuse."""
+
+    pid: int
+    start_ticks: int
+    argv: list[str]
+    log: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ProcessRecord":
+        return cls(pid=int(data["pid"]), start_ticks=int(data["start_ticks"]), argv=list(data["argv"]),
+                   log=str(data["log"]))
+
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (index 0 is the state), or None if there is no such pid."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return raw[raw.rindex(")") + 2:].split()
+
+
+def start_ticks(pid: int) -> int | None:
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None
+
+
+def _reap(pid: int) -> None:
+    child = _children.get(pid)
+    if child is not None and child.poll() is not None:
+        _children.pop(pid, None)
+
+
+def is_alive(record: ProcessRecord) -> bool:
+    """True when the recorded pid still runs and is the process we started (same start time, not a zombie)."""
+    _reap(record.pid)
+    fields = _stat(record.pid)
+    if fields is None or fields[0] in ("Z", "X"):
+        return False
+    return int(fields[19]) == record.start_ticks
+
+
+def exit_code(record: ProcessRecord) -> int | None:
+    """The exit status of a process this interpreter started and that has exited; None otherwise."""
+    child = _children.get(record.pid)
+    return None if child is None else child.poll()
+
+
+def spawn(argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None,
+          append_log: bool = False) -> ProcessRecord:
+    """Start `argv` in a new session (its own process group) with stdout and stderr appended to `log_path`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab" if append_log else "wb") as log, open(os.devnull, "rb") as devnull:
+        proc = subprocess.Popen(list(argv), stdin=devnull, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                                env=env, start_new_session=True, close_fds=True)
+    _children[proc.pid] = proc
+    ticks = start_ticks(proc.pid)
+    if ticks is None:  # exited already; keep a record the caller can report on
+        ticks = -1
+    return ProcessRecord(pid=proc.pid, start_ticks=ticks, argv=list(argv), log=str(log_path))
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        fields = _stat(int(entry.name))
+        if fields and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def stop(record: ProcessRecord, grace: float = 10.0) -> bool:
+    """SIGTERM the process group the record leads, SIGKILL what is left after `grace` seconds; True when none is left.
+
+    The group is signalled only while its leader is verifiably the recorded process, or, once the leader is gone,
+    while members of that group still exist (a pgid cannot be reused as a pid while its group lives)."""
+    pgid = record.pid
+    if is_alive(record):
+        _signal_group(pgid, signal.SIGTERM)
+    elif not _group_members(pgid):
+        _reap(record.pid)
+        return True
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        _reap(record.pid)
+        if not is_alive(record) and not _group_members(pgid):
+            return True
+        time.sleep(0.1)
+    if is_alive(record) or _group_members(pgid):
+        _signal_group(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        child = _children.get(record.pid)
+        if child is not None:
+            try:
+                child.wait(timeout=0.1)
+            except subprocess.TimeoutExpired:
+                pass
+        if not is_alive(record) and not _group_members(pgid):
+            _children.pop(record.pid, None)
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def log_tail(path: str | Path, lines: int = 30) -> str:
+    """The last `lines` lines of a log file ('' when it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])

@@ -1,0 +1,90 @@
+"""spec -> desired children: the one code path shared by `duplex render`, the operator and the tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from duplex.api.meta import API_VERSION, KIND
+from duplex.api.naming import NAME_RULE
+from duplex.api.rules import RuleViolation
+from duplex.api.spec import DisaggregatedServingSpec
+from duplex.children.engine import ROLES, engine_deployment
+from duplex.children.router import router_configmap, router_deployment, router_rbac
+from duplex.children.services import engine_service, router_service
+
+
+class InvalidSpec(ValueError):
+    """The spec breaks a schema or cross-field rule; the message matches what admission reports."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("; ".join(errors))
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class Serving:
+    name: str
+    namespace: str
+    spec: DisaggregatedServingSpec
+    generation: int | None = None
+
+
+def _loc(parts: tuple[Any, ...]) -> str:
+    out = "spec"
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out
+
+
+def _messages(err: ValidationError) -> list[str]:
+    out = []
+    for e in err.errors():
+        cause = (e.get("ctx") or {}).get("error")
+        if isinstance(cause, RuleViolation):
+            path = _loc(e["loc"]) + (cause.rule.field_path or "")
+            out.append(f"{path}: {cause.rule.message}")
+        elif e["type"] == "extra_forbidden":
+            out.append(f'{_loc(e["loc"])}: unknown field "{e["loc"][-1]}"')
+        else:
+            out.append(f"{_loc(e['loc'])}: {e['msg']}")
+    return out
+
+
+def parse_spec(spec: Any) -> DisaggregatedServingSpec:
+    try:
+        return DisaggregatedServingSpec.model_validate(spec if spec is not None else {})
+    except ValidationError as err:
+        raise InvalidSpec(_messages(err)) from None
+
+
+def parse(doc: dict[str, Any], default_namespace: str = "default") -> Serving:
+    """A DisaggregatedServing document -> Serving, or InvalidSpec."""
+    if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:
+        raise InvalidSpec([f"expected apiVersion {API_VERSION} kind {KIND}, got {doc.get('apiVersion')} {doc.get('kind')}"])
+    meta = doc.get("metadata") or {}
+    name = meta.get("name") or ""
+    errors = [] if NAME_RULE.holds(name) else [NAME_RULE.message]
+    try:
+        spec = parse_spec(doc.get("spec"))
+    except InvalidSpec as e:
+        raise InvalidSpec(errors + e.errors) from None
+    if errors:
+        raise InvalidSpec(errors)
+    return Serving(name=name, namespace=meta.get("namespace") or default_namespace, spec=spec,
+                   generation=meta.get("generation"))
+
+
+def desired_children(serving: Serving) -> list[dict[str, Any]]:
+    """Every object the operator owns for this serving, in apply order (RBAC and config before workloads)."""
+    spec, name, ns = serving.spec, serving.name, serving.namespace
+    objs: list[dict[str, Any]] = [*router_rbac(name, ns), router_configmap(spec, name, ns)]
+    for role in ROLES:
+        objs.append(engine_service(spec, name, ns, role))
+    objs.append(router_service(spec, name, ns))
+    for role in ROLES:
+        objs.append(engine_deployment(spec, name, ns, role))
+    objs.append(router_deployment(spec, name, ns))
+    return objs
