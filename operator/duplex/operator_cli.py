@@ -1,0 +1,46 @@
+"""`duplex operator`: run the kopf operator against one namespace, several, or all."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+import kopf
+from prometheus_client import start_http_server
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="duplex operator", description="Reconcile DisaggregatedServings.")
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", "-n", action="append", help="namespace to watch (repeatable)")
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace (the default)")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    parser.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port (0: off)")
+    parser.add_argument("--health-port", type=int, default=8081, help="liveness endpoint port (0: off)")
+    parser.add_argument("--resync-seconds", type=float, help="periodic resync interval (default 60)")
+    parser.add_argument("--verbose", "-v", action="store_true")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.kubeconfig:
+        os.environ["DUPLEX_KUBECONFIG"] = args.kubeconfig
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    if args.resync_seconds:
+        os.environ["DUPLEX_RESYNC_SECONDS"] = str(args.resync_seconds)
+    import duplex.handlers  # noqa: F401  (registers the handlers)
+
+    if args.metrics_port:
+        start_http_server(args.metrics_port)
+    liveness = f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
+    asyncio.run(
+        kopf.operator(
+            clusterwide=not args.namespace,
+            namespaces=args.namespace or [],
+            standalone=True,
+            liveness_endpoint=liveness,
+        )
+    )
+    return 0
