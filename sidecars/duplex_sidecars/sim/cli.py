@@ -1,0 +1,151 @@
+"""`duplex sim`: run one simulated vLLM engine (HTTP API + NIXL side channel) until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import uuid
+
+from aiohttp import web
+
+from duplex_sidecars.sim.config import SimConfig
+from duplex_sidecars.sim.cost import CostModel
+
+log = logging.getLogger("duplex.sim")
+
+_DESCRIPTION = """\
+A CPU-only stand-in for a vLLM engine with NixlConnector and bidirectional KV transfer. It speaks vLLM's OpenAI
+API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics) and kv_transfer_params, keeps KV blocks
+in a DRAM buffer registered with NIXL, READs remote blocks over NIXL (UCX) and verifies every block it reads.
+Like vLLM, what a request does follows its kv_transfer_params (do_remote_decode = prefill leg, otherwise decode
+leg); --role only names the engine. Cost-model delays default to 0 so tests run at full speed."""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="duplex sim", description=_DESCRIPTION,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    p.add_argument("--role", choices=("prefill", "decode"), required=True, help="engine role (names the engine; requests follow their kv_transfer_params)")
+    p.add_argument("--host", default="127.0.0.1", help="address of the HTTP API and the side channel")
+    p.add_argument("--port", type=int, default=8000, help="HTTP API port")
+    p.add_argument("--side-channel-port", type=int, default=5600,
+                   help="NIXL side-channel port (vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT), returned as remote_port")
+    p.add_argument("--side-channel-host", default=None,
+                   help="host advertised as remote_host (vLLM's VLLM_NIXL_SIDE_CHANNEL_HOST); None = --host")
+    p.add_argument("--engine-id", default=None, help="engine id returned as remote_engine_id; None = sim-<role>-<random>")
+    p.add_argument("--model", "--served-model-name", dest="model", default="sim", help="served model name")
+    p.add_argument("--max-model-len", type=int, default=32768, help="prompt + output token limit")
+    kv = p.add_argument_group("KV cache")
+    kv.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    kv.add_argument("--num-blocks", type=int, default=4096, help="KV blocks in the engine's buffer")
+    kv.add_argument("--block-bytes", type=int, default=4096, help="bytes per KV block (a multiple of --block-size)")
+    kv.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                    help="reuse cached blocks of identical prompt prefixes")
+    bi = p.add_argument_group("NixlConnector (kv_connector_extra_config)")
+    bi.add_argument("--bidirectional", action=argparse.BooleanOptionalAction, default=True,
+                    help="bidirectional_kv_xfer: decode retains blocks and returns params; prefill reads them")
+    bi.add_argument("--kv-recompute-threshold", type=int, default=64,
+                    help="prefill recomputes when 0 < remote tokens beyond its cache hits < this (0 disables)")
+    bi.add_argument("--decoder-kv-blocks-ttl", type=float, default=480.0, help="seconds decode retains blocks")
+    bi.add_argument("--kv-lease-duration", type=float, default=30.0,
+                    help="seconds prefill keeps blocks for decode to read")
+    bi.add_argument("--kv-load-failure-policy", choices=("recompute", "fail"), default="fail",
+                    help="on a failed/declined/expired/corrupt remote load: recompute locally or fail the request")
+    bi.add_argument("--nixl-backend", default="UCX", help="NIXL backend plugin")
+    bi.add_argument("--fail-on-corrupt", action="store_true",
+                    help="test mode: a block that fails verification makes the request fail with HTTP 500")
+    cost = p.add_argument_group("cost model (all 0 = no simulated compute time)")
+    cost.add_argument("--prefill-us-per-token", type=float, default=0.0, help="prefill time per computed token")
+    cost.add_argument("--prefill-attention-us-per-token2", type=float, default=0.0,
+                      help="attention term: per (new token x context token) pair")
+    cost.add_argument("--decode-us-per-token", type=float, default=0.0, help="time per generated token")
+    cost.add_argument("--transfer-gbps", type=float, default=0.0,
+                      help="simulated KV transfer bandwidth in Gbit/s (0 = only the real NIXL copy time)")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    if args.block_size <= 0 or args.block_bytes <= 0 or args.block_bytes % args.block_size:
+        raise SystemExit("duplex sim: --block-bytes must be a positive multiple of --block-size")
+    if args.num_blocks <= 0:
+        raise SystemExit("duplex sim: --num-blocks must be positive")
+    return SimConfig(
+        role=args.role,
+        host=args.host,
+        port=args.port,
+        side_channel_host=args.side_channel_host,
+        side_channel_port=args.side_channel_port,
+        engine_id=args.engine_id or f"sim-{args.role}-{uuid.uuid4().hex[:8]}",
+        model=args.model,
+        max_model_len=args.max_model_len,
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
+        block_bytes=args.block_bytes,
+        enable_prefix_caching=args.enable_prefix_caching,
+        bidirectional=args.bidirectional,
+        kv_recompute_threshold=args.kv_recompute_threshold,
+        decoder_kv_blocks_ttl=args.decoder_kv_blocks_ttl,
+        kv_lease_duration=args.kv_lease_duration,
+        kv_load_failure_policy=args.kv_load_failure_policy,
+        nixl_backend=args.nixl_backend,
+        fail_on_corrupt=args.fail_on_corrupt,
+        cost=CostModel(
+            prefill_us_per_token=args.prefill_us_per_token,
+            prefill_attention_us_per_token2=args.prefill_attention_us_per_token2,
+            decode_us_per_token=args.decode_us_per_token,
+            transfer_gbps=args.transfer_gbps,
+        ),
+    )
+
+
+async def serve(cfg: SimConfig) -> None:
+    from duplex_sidecars.sim.engine import Engine
+    from duplex_sidecars.sim.http_api import OpenAIApi
+    from duplex_sidecars.sim.side_channel import side_channel_app
+
+    engine = Engine(cfg)
+    await engine.start()
+    api_runner = web.AppRunner(OpenAIApi(engine).app(), access_log=None)
+    side_runner = web.AppRunner(side_channel_app(engine), access_log=None)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        for runner, port in ((side_runner, cfg.side_channel_port), (api_runner, cfg.port)):
+            await runner.setup()
+            await web.TCPSite(runner, cfg.host, port).start()
+        log.info("duplex sim %s engine %s serving model %r on http://%s:%d (side channel %s:%d, bidirectional=%s)",
+                 cfg.role, cfg.engine_id, cfg.model, cfg.host, cfg.port, cfg.advertised_host,
+                 cfg.side_channel_port, cfg.bidirectional)  # fmt: skip
+        await stop.wait()
+    finally:
+        await api_runner.cleanup()
+        await side_runner.cleanup()
+        await engine.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    cfg = config_from_args(args)
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from duplex_sidecars.sim.nixl_transport import NixlUnavailable
+
+    try:
+        asyncio.run(serve(cfg))
+    except NixlUnavailable as e:
+        print(f"duplex sim: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # typically a port already in use
+        print(f"duplex sim: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""The simulator's settings: one dataclass filled by the CLI and read by every part of the engine."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from duplex_sidecars.sim.cost import CostModel
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    role: str = "prefill"  # informative only: like vLLM, behaviour follows each request's kv_transfer_params
+    host: str = "127.0.0.1"
+    port: int = 8000
+    side_channel_host: str | None = None  # advertised as remote_host; defaults to host
+    side_channel_port: int = 5600
+    engine_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    model: str = "sim"
+    max_model_len: int = 32768
+    block_size: int = 16
+    num_blocks: int = 4096
+    block_bytes: int = 4096
+    enable_prefix_caching: bool = True
+    bidirectional: bool = True
+    kv_recompute_threshold: int = 64
+    decoder_kv_blocks_ttl: float = 480.0
+    kv_lease_duration: float = 30.0
+    kv_load_failure_policy: str = "fail"  # vLLM's default; routers should run prefill with "recompute"
+    nixl_backend: str = "UCX"
+    fail_on_corrupt: bool = False
+    cost: CostModel = field(default_factory=CostModel)
+
+    @property
+    def advertised_host(self) -> str:
+        return self.side_channel_host or self.host

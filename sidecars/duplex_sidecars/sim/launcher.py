@@ -1,0 +1,248 @@
+"""Start and stop `duplex sim` engines as subprocesses on free loopback ports (for tests and benchmarks).
+
+API:
+    free_port(host="127.0.0.1") -> int
+        A currently free TCP port (never the same one twice in this process).
+
+    SimProcess(role, *extra_args, engine_id=None, model="sim", host="127.0.0.1", port=None,
+               side_channel_port=None, startup_timeout=30.0, env=None, log_dir=None)
+        One engine. `extra_args` are further `duplex sim` flags, e.g. "--no-bidirectional",
+        "--kv-load-failure-policy", "recompute". Ports left as None are picked with free_port().
+        Attributes: role, host, port, side_channel_port, engine_id, model, url ("http://host:port"),
+                    log_path, process (subprocess.Popen or None).
+        start() -> self               spawn without waiting
+        wait_ready(timeout=None)      block until GET /health is 200; raises SimStartError with the log tail if
+                                      the process exits or the deadline (startup_timeout) passes
+        await wait_ready_async(timeout=None)
+        stop(timeout=10.0) -> int     SIGTERM, then SIGKILL after `timeout`; returns the exit code
+        log_tail(lines=40) -> str     the end of the engine's combined stdout/stderr
+        metrics() -> list[(name, labels, value)]      one /metrics scrape, parsed
+        metric(name, **labels) -> float               sum of the samples of `name` whose labels match
+                                                      (e.g. metric("sim_nixl_reads_total"))
+        Context managers: `with SimProcess(...) as p:` and `async with SimProcess(...) as p:` start, wait for
+        health and stop. Auto-picked ports that turn out to be taken are re-picked (up to 3 attempts).
+
+    sim_pair(prefill_args=(), decode_args=(), **kwargs) -> context manager yielding (prefill, decode)
+        Starts a prefill and a decode engine in parallel and stops both on exit; kwargs go to both SimProcess.
+    async_sim_pair(...) -> the same as an async context manager.
+
+The engines run `python -m duplex.cli sim` with the current interpreter, so they use the same virtualenv.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+_handed_out: set[int] = set()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise RuntimeError("could not find a free port")
+
+
+class SimStartError(RuntimeError):
+    pass
+
+
+class SimProcess:
+    def __init__(
+        self,
+        role: str,
+        *extra_args: str,
+        engine_id: str | None = None,
+        model: str = "sim",
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        side_channel_port: int | None = None,
+        startup_timeout: float = 30.0,
+        env: dict[str, str] | None = None,
+        log_dir: str | None = None,
+    ):
+        self.role = role
+        self.extra_args = list(extra_args)
+        self.engine_id = engine_id or f"sim-{role}-{uuid.uuid4().hex[:8]}"
+        self.model = model
+        self.host = host
+        self._auto_ports = port is None and side_channel_port is None
+        self.port = port or free_port(host)
+        self.side_channel_port = side_channel_port or free_port(host)
+        self.startup_timeout = startup_timeout
+        self.env = env
+        fd, self.log_path = tempfile.mkstemp(prefix=f"duplex-sim-{role}-", suffix=".log", dir=log_dir)
+        os.close(fd)
+        self.process: subprocess.Popen[bytes] | None = None
+        self._deadline = 0.0
+        self._attempts = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "duplex.cli", "sim",
+            "--role", self.role,
+            "--host", self.host,
+            "--port", str(self.port),
+            "--side-channel-port", str(self.side_channel_port),
+            "--engine-id", self.engine_id,
+            "--model", self.model,
+            *self.extra_args,
+        ]  # fmt: skip
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+    def start(self) -> SimProcess:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(self.env or {})}
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
+        self._attempts += 1
+        self._deadline = time.monotonic() + self.startup_timeout
+        return self
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=1) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _check(self) -> bool:
+        """True when healthy; raises when the engine died or the deadline passed; restarts after a port clash."""
+        assert self.process is not None, "start() first"
+        if self.process.poll() is not None:
+            if self._auto_ports and self._attempts < 3 and "address already in use" in self.log_tail().lower():
+                self.port, self.side_channel_port = free_port(self.host), free_port(self.host)
+                self.start()
+                return False
+            raise SimStartError(
+                f"duplex sim {self.role} exited with code {self.process.returncode} before becoming healthy; "
+                f"log {self.log_path}:\n{self.log_tail()}"
+            )
+        if self._healthy():
+            return True
+        if time.monotonic() > self._deadline:
+            self.stop()
+            raise SimStartError(
+                f"duplex sim {self.role} not healthy on {self.url}/health after {self.startup_timeout}s; "
+                f"log {self.log_path}:\n{self.log_tail()}"
+            )
+        return False
+
+    def wait_ready(self, timeout: float | None = None) -> SimProcess:
+        if timeout is not None:
+            self._deadline = time.monotonic() + timeout
+        while not self._check():
+            time.sleep(0.05)
+        return self
+
+    async def wait_ready_async(self, timeout: float | None = None) -> SimProcess:
+        if timeout is not None:
+            self._deadline = time.monotonic() + timeout
+        while not await asyncio.to_thread(self._check):
+            await asyncio.sleep(0.05)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        proc = self.process
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return proc.returncode
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+        except OSError:
+            return ""
+
+    # -- observation ------------------------------------------------------------------------------------------
+    def metrics(self) -> list[tuple[str, dict[str, str], float]]:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        return [(s.name, s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+    def metric(self, name: str, **labels: str) -> float:
+        return sum(
+            value
+            for n, lbls, value in self.metrics()
+            if n == name and all(lbls.get(k) == v for k, v in labels.items())
+        )
+
+    # -- context managers -------------------------------------------------------------------------------------
+    def __enter__(self) -> SimProcess:
+        try:
+            return self.start().wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *_: Any) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> SimProcess:
+        try:
+            self.start()
+            return await self.wait_ready_async()
+        except BaseException:
+            self.stop()
+            raise
+
+    async def __aexit__(self, *_: Any) -> None:
+        await asyncio.to_thread(self.stop)
+
+
+@contextlib.contextmanager
+def sim_pair(
+    prefill_args: Sequence[str] = (), decode_args: Sequence[str] = (), **kwargs: Any
+) -> Iterator[tuple[SimProcess, SimProcess]]:
+    prefill = SimProcess("prefill", *prefill_args, **kwargs)
+    decode = SimProcess("decode", *decode_args, **kwargs)
+    try:
+        prefill.start(), decode.start()
+        prefill.wait_ready(), decode.wait_ready()
+        yield prefill, decode
+    finally:
+        prefill.stop(), decode.stop()
+
+
+@contextlib.asynccontextmanager
+async def async_sim_pair(
+    prefill_args: Sequence[str] = (), decode_args: Sequence[str] = (), **kwargs: Any
+) -> AsyncIterator[tuple[SimProcess, SimProcess]]:
+    prefill = SimProcess("prefill", *prefill_args, **kwargs)
+    decode = SimProcess("decode", *decode_args, **kwargs)
+    try:
+        prefill.start(), decode.start()
+        await asyncio.gather(prefill.wait_ready_async(), decode.wait_ready_async())
+        yield prefill, decode
+    finally:
+        await asyncio.gather(asyncio.to_thread(prefill.stop), asyncio.to_thread(decode.stop))
