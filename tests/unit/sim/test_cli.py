@@ -1,0 +1,31 @@
+"""`duplex sim` flags map onto SimConfig."""
+
+import pytest
+
+from duplex_sidecars.sim.cli import config_from_args, parser
+
+
+def _cfg(*argv):
+    return config_from_args(parser().parse_args(["--role", "decode", *argv]))
+
+
+def test_defaults_match_vllm_and_cost_nothing():
+    cfg = _cfg()
+    assert (cfg.block_size, cfg.kv_recompute_threshold, cfg.decoder_kv_blocks_ttl) == (16, 64, 480.0)
+    assert cfg.bidirectional and cfg.enable_prefix_caching and cfg.kv_load_failure_policy == "fail"
+    assert cfg.engine_id.startswith("sim-decode-") and cfg.model == "sim"
+    assert cfg.cost.prefill_seconds(1000, 1000) == 0.0
+
+
+def test_flags():
+    cfg = _cfg("--no-bidirectional", "--engine-id", "d1", "--served-model-name", "Qwen", "--kv-load-failure-policy",
+               "recompute", "--decode-us-per-token", "500", "--side-channel-port", "5601", "--fail-on-corrupt")  # fmt: skip
+    assert not cfg.bidirectional and cfg.engine_id == "d1" and cfg.model == "Qwen"
+    assert cfg.kv_load_failure_policy == "recompute" and cfg.side_channel_port == 5601 and cfg.fail_on_corrupt
+    assert cfg.cost.decode_seconds() == pytest.approx(0.0005)
+    assert cfg.advertised_host == "127.0.0.1"
+
+
+def test_block_bytes_must_be_whole_slots():
+    with pytest.raises(SystemExit):
+        _cfg("--block-bytes", "100")

@@ -1,0 +1,35 @@
+"""Retained blocks are single use: claim, read, release; expired or released entries are gone."""
+
+import pytest
+
+from duplex_sidecars.sim.retained import ClaimRefused, RetainedBlocks
+
+
+def _reg():
+    reg = RetainedBlocks()
+    reg.retain("r1", [3, 4, 5], num_tokens=40, deadline=100.0)
+    return reg
+
+
+def test_claim_then_release_frees_once():
+    reg = _reg()
+    assert reg.claim("r1", [4, 5], now=1.0).num_tokens == 40
+    with pytest.raises(ClaimRefused, match="claimed"):
+        reg.claim("r1", [4], now=1.0)
+    assert reg.release("r1") == [3, 4, 5]
+    assert reg.release("r1") == []
+    with pytest.raises(ClaimRefused, match="blocks_gone"):
+        reg.claim("r1", [4], now=1.0)
+
+
+def test_claims_are_limited_to_the_retained_blocks():
+    with pytest.raises(ClaimRefused, match="block_mismatch"):
+        _reg().claim("r1", [5, 6], now=1.0)
+
+
+def test_expired_entries_cannot_be_claimed_and_are_reaped():
+    reg = _reg()
+    with pytest.raises(ClaimRefused, match="blocks_gone"):
+        reg.claim("r1", [3], now=100.0)
+    assert reg.expired(now=99.0) == [] and reg.expired(now=100.0) == ["r1"]
+    assert reg.num_blocks == 3
