@@ -22,6 +22,9 @@ class EndpointSliceDiscovery(_Strict):
     decode_service: str = Field(description="Headless Service of the decode role.")
     port_name: str = Field("http", description="EndpointSlice port name of the engines' HTTP API.")
     scheme: Literal["http", "https"] = "http"
+    kubeconfig: str | None = Field(
+        None, description="Kubeconfig file for the watch; unset means the in-cluster service account."
+    )
 
 
 class ConversationConfig(_Strict):
@@ -53,6 +56,12 @@ class StoreConfig(_Strict):
     redis_url: str | None = Field(None, description="redis://host:port/db; may also come from redis_url_env.")
     redis_url_env: str | None = Field(None, description="Environment variable holding the Redis URL (a Secret).")
     key_prefix: str = "duplex:conv:"
+    op_timeout_seconds: float = Field(
+        0.5, gt=0, description="Longest wait for one store operation; past it the request recomputes."
+    )
+    error_backoff_seconds: float = Field(
+        1.0, ge=0, description="After a store error, skip the store (recompute) for this long before trying again."
+    )
 
     @model_validator(mode="after")
     def _redis_needs_url(self) -> "StoreConfig":
@@ -68,6 +77,12 @@ class TimeoutsConfig(_Strict):
     decode_idle_seconds: float = Field(120.0, gt=0, description="Longest gap between decode stream chunks.")
 
 
+class HealthCheckConfig(_Strict):
+    path: str = Field("/health", description="Engine liveness path probed by the router.")
+    interval_seconds: float = Field(5.0, gt=0, description="Time between probes of each engine.")
+    timeout_seconds: float = Field(2.0, gt=0, description="Probe timeout; a failed probe takes the engine out of rotation.")
+
+
 class RouterConfig(_Strict):
     host: str = "0.0.0.0"
     port: int = Field(8000, ge=1, le=65535)
@@ -81,3 +96,8 @@ class RouterConfig(_Strict):
     prefill_retries: int = Field(1, ge=0, le=5, description="Extra prefill attempts on another endpoint, no reuse.")
     decode_retries: int = Field(1, ge=0, le=5, description="Extra decode attempts before the first byte.")
     served_model_names: list[str] = Field(default_factory=list, description="Models listed by /v1/models.")
+    health_check: HealthCheckConfig = Field(default_factory=HealthCheckConfig)
+    engine_api_key_env: str | None = Field(
+        None, description="Environment variable whose value is sent to the engines as a Bearer token."
+    )
+    reload_interval_seconds: float = Field(2.0, gt=0, description="How often the config file is checked for changes.")

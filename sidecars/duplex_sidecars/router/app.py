@@ -1,0 +1,307 @@
+"""The router process: its long-lived parts (config, engines, store, HTTP client, metrics) and the aiohttp app with
+the OpenAI-compatible routes, health, readiness and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from duplex_sidecars.router.config import RouterConfig
+from duplex_sidecars.router.config_file import ConfigError, ConfigSource
+from duplex_sidecars.router.endpoints import DECODE, PREFILL, Engines, HealthProber
+from duplex_sidecars.router.endpointslices import EndpointSliceWatcher
+from duplex_sidecars.router.errors import RouterError, error_response, from_router_error
+from duplex_sidecars.router.forward import ClientGone, Forwarder
+from duplex_sidecars.router.legs import make_session
+from duplex_sidecars.router.metrics import RouterMetrics
+from duplex_sidecars.router.store import MemoryStore, RedisStore, Store, StoreError, make_store
+from duplex_sidecars.router.turn import ROUTES, parse_turn, read_body
+
+log = logging.getLogger(__name__)
+
+_MAINTENANCE_SECONDS = 5.0
+
+
+class Router:
+    """Everything a request needs, swapped in place when the config file changes."""
+
+    def __init__(self, config: RouterConfig, source: ConfigSource | None = None, store: Store | None = None):
+        self.config = config
+        self.source = source
+        self.metrics = RouterMetrics()
+        self.engines = Engines(self.metrics)
+        self.store: Store = store or make_store(config.store)
+        self.session: aiohttp.ClientSession | None = None
+        self.prober: HealthProber | None = None
+        self.watcher: EndpointSliceWatcher | None = None
+        self.forwarder = Forwarder(self)
+        self.engine_api_key = self._api_key(config)
+        self.generation = 1  # config generation, reported by /ready
+        self._tasks: list[asyncio.Task[None]] = []
+        self.engines.on_decode_removed(self._drop_departed)
+
+    @staticmethod
+    def _api_key(config: RouterConfig) -> str | None:
+        return os.environ.get(config.engine_api_key_env) if config.engine_api_key_env else None
+
+    # ---- lifecycle -----------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.session = make_session()
+        hc = self.config.health_check
+        self.prober = HealthProber(self.engines, self.session, hc.path, hc.interval_seconds, hc.timeout_seconds,
+                                   self._probe_headers())
+        await self._use_endpoints(self.config)
+        await self.prober.probe_all()  # a first answer for /ready without waiting an interval
+        self.prober.start()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._maintenance()))
+        if self.source is not None and self.source.path is not None:
+            self._tasks.append(loop.create_task(self._watch_config()))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks.clear()
+        if self.prober is not None:
+            await self.prober.stop()
+        if self.watcher is not None:
+            await self.watcher.stop()
+            self.watcher = None
+        await self.engines.settle()
+        await self.store.close()
+        if self.session is not None:
+            await self.session.close()
+
+    def _probe_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.engine_api_key}"} if self.engine_api_key else {}
+
+    # ---- endpoints -----------------------------------------------------------------------------------------------
+
+    def _on_discovered(self, role: str, urls: list[str]) -> None:
+        before = set(self.engines.pool(role).engines)
+        self.engines.set_role(role, urls)
+        if self.prober is not None and set(urls) - before:
+            self.prober.poke()
+
+    async def _use_endpoints(self, config: RouterConfig) -> None:
+        old = self.watcher.discovery if self.watcher is not None else None
+        if config.discovery is not None:
+            if config.discovery == old:
+                return
+            if self.watcher is not None:
+                await self.watcher.stop()
+            if config.prefill or config.decode:
+                log.warning("discovery is configured: the static prefill/decode lists are ignored")
+            self.watcher = EndpointSliceWatcher(config.discovery, self._on_discovered)
+            await self.watcher.start()
+            return
+        if self.watcher is not None:
+            await self.watcher.stop()
+            self.watcher = None
+        self._on_discovered(PREFILL, config.prefill)
+        self._on_discovered(DECODE, config.decode)
+
+    async def _drop_departed(self, urls: list[str]) -> None:
+        for url in urls:
+            try:
+                dropped = await self.store.drop_endpoint(url)
+            except StoreError:
+                self.metrics.store_errors.labels("drop_endpoint").inc()
+                continue
+            if dropped:
+                log.info("dropped %d stored conversation(s) held by departed decode engine %s", dropped, url)
+                self.metrics.store_dropped.inc(dropped)
+
+    # ---- config reload -------------------------------------------------------------------------------------------
+
+    async def apply(self, new: RouterConfig) -> None:
+        """Switch to a new config without dropping traffic. Listening address and store backend need a restart."""
+        old = self.config
+        if (new.host, new.port) != (old.host, old.port):
+            log.warning("config: host/port changes take effect after a restart")
+        if new.store.model_dump(exclude={"max_entries"}) != old.store.model_dump(exclude={"max_entries"}):
+            log.warning("config: store backend changes take effect after a restart")
+        if isinstance(self.store, MemoryStore):
+            self.store.max_entries = new.store.max_entries
+        self.engine_api_key = self._api_key(new)
+        if self.prober is not None:
+            hc = new.health_check
+            self.prober.path, self.prober.interval, self.prober.timeout = hc.path, hc.interval_seconds, hc.timeout_seconds
+            self.prober._headers = self._probe_headers()
+        self.config = new
+        self.generation += 1
+        await self._use_endpoints(new)
+
+    async def _watch_config(self) -> None:
+        assert self.source is not None
+        while True:
+            await asyncio.sleep(self.config.reload_interval_seconds)
+            try:
+                if not self.source.changed():
+                    continue
+                new = self.source.load()
+            except ConfigError as exc:
+                self.metrics.config_reloads.labels("invalid").inc()
+                log.error("config reload: keeping the current config: %s", exc)
+                continue
+            except Exception:
+                self.metrics.config_reloads.labels("invalid").inc()
+                log.exception("config reload failed; keeping the current config")
+                continue
+            await self.apply(new)
+            self.metrics.config_reloads.labels("applied").inc()
+            log.info("config reloaded (generation %d)", self.generation)
+
+    async def _maintenance(self) -> None:
+        while True:
+            try:
+                if isinstance(self.store, MemoryStore):
+                    await self.store.sweep()
+                elif isinstance(self.store, RedisStore):
+                    await self.store.ping()
+                size = await self.store.size()
+                if size is not None:
+                    self.metrics.store_entries.set(size)
+            except Exception:
+                log.exception("store maintenance failed")
+            await asyncio.sleep(_MAINTENANCE_SECONDS)
+
+
+# ---- HTTP -----------------------------------------------------------------------------------------------------------
+
+ROUTER_KEY = web.AppKey("router", Router)
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except RouterError as exc:
+        return from_router_error(exc)
+    except web.HTTPException as exc:
+        if exc.status == 404:
+            return error_response(404, f"No route {request.method} {request.path}.", code="not_found")
+        if exc.status == 405:
+            return error_response(405, f"Method {request.method} is not allowed on {request.path}.",
+                                  code="method_not_allowed")
+        if exc.status < 400:
+            raise
+        return error_response(exc.status, exc.reason or "error", code=exc.status)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "Internal router error.", "server_error", 500)
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    router = request.app[ROUTER_KEY]
+    route = ROUTES[request.path]
+    status = 500
+    stream = False
+    started = time.perf_counter()
+    try:
+        raw = await read_body(request, router.config.max_body_bytes)
+        turn = parse_turn(request, raw, router.config.conversation, router.config.served_model_names)
+        stream = turn.stream
+        started = turn.started
+        resp = await router.forwarder.handle(request, turn)
+        status = resp.status
+        if not stream:
+            elapsed = time.perf_counter() - started
+            router.metrics.ttft.labels(route, "false").observe(elapsed)
+            router.metrics.e2e.labels(route, "false").observe(elapsed)
+        return resp
+    except RouterError as exc:
+        status = exc.status
+        return from_router_error(exc)
+    except ClientGone as gone:
+        status = 499
+        log.info("client went away during %s", request.path)
+        if gone.response is not None:
+            return gone.response
+        return web.Response(status=499)
+    finally:
+        router.metrics.requests.labels(route, str(status)).inc()
+
+
+async def _models(request: web.Request) -> web.StreamResponse:
+    router = request.app[ROUTER_KEY]
+    names = router.config.served_model_names
+    if names:
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": "duplex"} for n in names]
+        return web.json_response({"object": "list", "data": data})
+    engine = router.engines.decode.pick() or router.engines.prefill.pick()
+    if engine is None or router.session is None:
+        return error_response(503, "No engines are available to list models.", "service_unavailable", 503)
+    try:
+        async with router.session.get(
+            engine.url + "/v1/models",
+            headers=router._probe_headers(),
+            timeout=aiohttp.ClientTimeout(total=router.config.timeouts.connect_seconds + 5),
+        ) as resp:
+            body = await resp.read()
+            if resp.status != 200:
+                return error_response(502, f"Engine answered /v1/models with HTTP {resp.status}.", "bad_gateway", 502)
+            return web.Response(body=body, content_type="application/json")
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        return error_response(503, "No engine answered /v1/models.", "service_unavailable", 503)
+
+
+async def _health(request: web.Request) -> web.StreamResponse:
+    return web.json_response({"status": "ok"})
+
+
+async def _ready(request: web.Request) -> web.StreamResponse:
+    router = request.app[ROUTER_KEY]
+    ready = router.engines.ready()
+    body = {
+        "ready": ready,
+        **router.engines.describe(),
+        "store": router.store.health(),
+        "config_generation": router.generation,
+    }
+    if router.watcher is not None:
+        body["discovery"] = {"synced": dict(router.watcher.synced)}
+    return web.Response(status=200 if ready else 503, text=json.dumps(body), content_type="application/json")
+
+
+async def _metrics(request: web.Request) -> web.StreamResponse:
+    router = request.app[ROUTER_KEY]
+    router.engines.update_gauges()
+    return web.Response(body=router.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+def build_app(router: Router) -> web.Application:
+    # Bodies are read by the handlers themselves against the configured limit (so it can change on reload).
+    app = web.Application(middlewares=[_json_errors], client_max_size=1 << 62)
+    app[ROUTER_KEY] = router
+    app.router.add_post("/v1/chat/completions", _completions)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/ready", _ready)
+    app.router.add_get("/metrics", _metrics)
+
+    async def on_startup(app: web.Application) -> None:
+        await router.start()
+
+    async def on_cleanup(app: web.Application) -> None:
+        await router.stop()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app

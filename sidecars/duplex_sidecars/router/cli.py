@@ -1,0 +1,87 @@
+"""`duplex router`: run the KV-aware router.
+
+    duplex router --prefill URL --decode URL [--prefill URL ...] [--decode URL ...] [--host H] [--port P]
+                  [--conversation-ttl SECONDS] [--config FILE]
+
+Flags override the config file; the file is re-read when it changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from duplex_sidecars.router.app import Router, build_app
+from duplex_sidecars.router.config_file import ConfigError, ConfigSource, flag_overrides
+
+log = logging.getLogger("duplex.router")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="duplex router", description="KV-aware router for P-D disaggregated vLLM.")
+    p.add_argument("--prefill", action="append", metavar="URL", help="prefill engine base URL (repeatable)")
+    p.add_argument("--decode", action="append", metavar="URL", help="decode engine base URL (repeatable)")
+    p.add_argument("--host", help="listen address (default 0.0.0.0)")
+    p.add_argument("--port", type=int, help="listen port (default 8000)")
+    p.add_argument("--conversation-ttl", type=float, metavar="SECONDS",
+                   help="how long decode's retained blocks may be replayed; below the engines' decoder_kv_blocks_ttl")
+    p.add_argument("--config", metavar="FILE", help="router config file (YAML or JSON), reloaded on change")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def source_from_args(args: argparse.Namespace) -> ConfigSource:
+    overrides = flag_overrides(args.prefill, args.decode, args.host, args.port, args.conversation_ttl)
+    return ConfigSource(args.config, overrides)
+
+
+async def _serve(router: Router) -> None:
+    app = build_app(router)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    cfg = router.config
+    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024, reuse_address=True)
+    await site.start()
+    log.info("router listening on %s:%d (prefill %d, decode %d engines, store %s)", cfg.host, cfg.port,
+             len(router.engines.prefill), len(router.engines.decode), router.store.kind)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        log.info("router shutting down")
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    source = source_from_args(args)
+    try:
+        config = source.load()
+    except ConfigError as exc:
+        print(f"duplex router: {exc}", file=sys.stderr)
+        return 2
+    try:
+        router = Router(config, source)
+    except ValueError as exc:  # e.g. the Redis URL's environment variable is unset
+        print(f"duplex router: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(router))
+    except OSError as exc:
+        print(f"duplex router: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""The engines the router may send legs to: one pool per role, with in-flight counts, health and the choice of engine.
+
+Sources (static URLs, EndpointSlices) only ever call `Engines.set_role(role, urls)`; everything that depends on the
+endpoint set changing (dropping store entries of a departed decode engine, metrics) hangs off that one call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterable, Iterator
+
+import aiohttp
+
+from duplex_sidecars.router.metrics import RouterMetrics
+
+log = logging.getLogger(__name__)
+
+PREFILL = "prefill"
+DECODE = "decode"
+ROLES = (PREFILL, DECODE)
+
+
+def normalize_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    return url
+
+
+@dataclass
+class Engine:
+    url: str
+    role: str
+    inflight: int = 0
+    healthy: bool | None = None  # None: not probed yet
+    last_error: str | None = None
+    _gauge: Any = field(default=None, repr=False)
+
+    def describe(self) -> dict[str, Any]:
+        return {"url": self.url, "healthy": self.healthy, "inflight": self.inflight, "last_error": self.last_error}
+
+
+class EnginePool:
+    """The engines of one role. Picks the least loaded usable engine."""
+
+    def __init__(self, role: str, metrics: RouterMetrics | None = None):
+        self.role = role
+        self.engines: dict[str, Engine] = {}
+        self._metrics = metrics
+
+    def set_urls(self, urls: Iterable[str]) -> list[str]:
+        """Replace the set of engines; returns the URLs that left. Engines that stay keep their state."""
+        wanted = list(dict.fromkeys(normalize_url(u) for u in urls))
+        removed = [u for u in self.engines if u not in wanted]
+        for url in removed:
+            engine = self.engines.pop(url)
+            if self._metrics is not None:
+                try:
+                    self._metrics.inflight.remove(self.role, url)
+                except KeyError:
+                    pass
+            engine._gauge = None
+        for url in wanted:
+            if url not in self.engines:
+                engine = Engine(url, self.role)
+                if self._metrics is not None:
+                    engine._gauge = self._metrics.inflight.labels(self.role, url)
+                    engine._gauge.set(0)
+                self.engines[url] = engine
+        return removed
+
+    def __contains__(self, url: str) -> bool:
+        return url in self.engines
+
+    def __len__(self) -> int:
+        return len(self.engines)
+
+    def get(self, url: str | None) -> Engine | None:
+        return self.engines.get(url) if url else None
+
+    def healthy_count(self) -> int:
+        return sum(1 for e in self.engines.values() if e.healthy)
+
+    def pick(self, exclude: Iterable[str] = (), prefer: str | None = None) -> Engine | None:
+        """The engine for the next leg: `prefer` when it is usable, else the least loaded engine, trying healthy,
+        then not-yet-probed, then unhealthy engines, and engines in `exclude` only when nothing else is left."""
+        excluded = set(exclude)
+        preferred = self.engines.get(prefer) if prefer else None
+        if preferred is not None and preferred.healthy is not False and preferred.url not in excluded:
+            return preferred
+        others = [e for e in self.engines.values() if e.url not in excluded]
+        tiers = (
+            [e for e in others if e.healthy],
+            [e for e in others if e.healthy is None],
+            [e for e in others if e.healthy is False],
+            [e for e in self.engines.values() if e.url in excluded and e.healthy is not False],
+            [e for e in self.engines.values() if e.url in excluded],
+        )
+        for tier in tiers:
+            if tier:
+                low = min(e.inflight for e in tier)
+                return random.choice([e for e in tier if e.inflight == low])
+        return None
+
+    @contextmanager
+    def busy(self, engine: Engine) -> Iterator[Engine]:
+        """Count a leg against the engine while it runs."""
+        engine.inflight += 1
+        if engine._gauge is not None:
+            engine._gauge.inc()
+        try:
+            yield engine
+        finally:
+            engine.inflight -= 1
+            if engine._gauge is not None:
+                engine._gauge.dec()
+
+    def mark(self, engine: Engine, healthy: bool, error: str | None = None) -> None:
+        if healthy != engine.healthy:
+            log.info("%s engine %s is now %s%s", self.role, engine.url, "healthy" if healthy else "unhealthy",
+                     f" ({error})" if error else "")
+        engine.healthy = healthy
+        engine.last_error = error
+
+
+class Engines:
+    """Both pools plus what must happen when the endpoint set changes."""
+
+    def __init__(self, metrics: RouterMetrics | None = None):
+        self._metrics = metrics
+        self.prefill = EnginePool(PREFILL, metrics)
+        self.decode = EnginePool(DECODE, metrics)
+        self._on_decode_removed: list[Callable[[list[str]], Awaitable[None]]] = []
+        self._pending: set[asyncio.Task[None]] = set()
+
+    def pool(self, role: str) -> EnginePool:
+        return self.prefill if role == PREFILL else self.decode
+
+    def on_decode_removed(self, callback: Callable[[list[str]], Awaitable[None]]) -> None:
+        self._on_decode_removed.append(callback)
+
+    def set_role(self, role: str, urls: Iterable[str]) -> list[str]:
+        urls = list(urls)
+        removed = self.pool(role).set_urls(urls)
+        if removed:
+            log.info("%s engines left: %s", role, ", ".join(removed))
+        if role == DECODE and removed:
+            for callback in self._on_decode_removed:
+                task = asyncio.get_running_loop().create_task(callback(removed))
+                self._pending.add(task)
+                task.add_done_callback(self._pending.discard)
+        self.update_gauges()
+        return removed
+
+    async def settle(self) -> None:
+        """Wait for the reactions to endpoint removals started so far (tests, shutdown)."""
+        if self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)
+
+    def update_gauges(self) -> None:
+        if self._metrics is None:
+            return
+        for pool in (self.prefill, self.decode):
+            counts = {"healthy": 0, "unhealthy": 0, "unknown": 0}
+            for engine in pool.engines.values():
+                counts["healthy" if engine.healthy else "unknown" if engine.healthy is None else "unhealthy"] += 1
+            for state, n in counts.items():
+                self._metrics.endpoints.labels(pool.role, state).set(n)
+
+    def ready(self) -> bool:
+        return self.prefill.healthy_count() > 0 and self.decode.healthy_count() > 0
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            pool.role: {
+                "total": len(pool),
+                "healthy": pool.healthy_count(),
+                "endpoints": [e.describe() for e in pool.engines.values()],
+            }
+            for pool in (self.prefill, self.decode)
+        }
+
+
+class HealthProber:
+    """Probes every engine's liveness path on an interval; a failed leg marks an engine unhealthy until a probe
+    succeeds again."""
+
+    def __init__(self, engines: Engines, session: aiohttp.ClientSession, path: str, interval: float, timeout: float,
+                 headers: dict[str, str] | None = None):
+        self._engines = engines
+        self._session = session
+        self.path = path
+        self.interval = interval
+        self.timeout = timeout
+        self._headers = headers or {}
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    async def probe(self, pool: EnginePool, engine: Engine) -> None:
+        try:
+            async with self._session.get(
+                engine.url + self.path,
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                headers=self._headers,
+            ) as resp:
+                await resp.read()
+                ok = resp.status == 200
+                pool.mark(engine, ok, None if ok else f"health status {resp.status}")
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            pool.mark(engine, False, f"health probe: {type(exc).__name__}: {exc}")
+
+    async def probe_all(self) -> None:
+        jobs = [self.probe(pool, e) for pool in (self._engines.prefill, self._engines.decode)
+                for e in list(pool.engines.values())]
+        if jobs:
+            await asyncio.gather(*jobs)
+        self._engines.update_gauges()
+
+    def poke(self) -> None:
+        """Probe now (new engines appeared)."""
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.probe_all()
+            except Exception:  # never let the prober die
+                log.exception("health probing failed")
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.interval)
+            except asyncio.TimeoutError:
+                pass
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None

@@ -1,0 +1,78 @@
+"""OpenAI-style error bodies and the exceptions the router raises to produce them.
+
+Every error a client sees has the shape `{"error": {"message", "type", "code"}}`, whatever went wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+
+class RouterError(Exception):
+    """An error that ends the request with an OpenAI-style JSON body."""
+
+    status = 500
+    type = "server_error"
+
+    def __init__(self, message: str, *, status: int | None = None, type: str | None = None, code: Any = None):
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+        if type is not None:
+            self.type = type
+        self.code = code if code is not None else self.status
+
+
+class BadRequest(RouterError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class PayloadTooLarge(RouterError):
+    status = 413
+    type = "invalid_request_error"
+
+
+class ModelNotFound(RouterError):
+    status = 404
+    type = "invalid_request_error"
+
+    def __init__(self, model: str):
+        super().__init__(f"The model {model!r} does not exist.", code="model_not_found")
+
+
+class BackendUnavailable(RouterError):
+    """No engine of a role can be reached at all (none known, or all refused connections)."""
+
+    status = 503
+    type = "service_unavailable"
+
+
+class BackendFailed(RouterError):
+    """An engine answered, but with an error or a broken response."""
+
+    status = 502
+    type = "bad_gateway"
+
+
+def error_body(message: str, type: str, code: Any) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "code": code}}
+
+
+def error_response(status: int, message: str, type: str = "invalid_request_error", code: Any = None) -> web.Response:
+    body = error_body(message, type, status if code is None else code)
+    return web.Response(status=status, text=json.dumps(body), content_type="application/json")
+
+
+def from_router_error(err: RouterError) -> web.Response:
+    return error_response(err.status, err.message, err.type, err.code)
+
+
+def sse_error_event(message: str, type: str = "server_error", code: Any = 502) -> bytes:
+    """The clean end of a stream that broke after its first byte: one error event, then [DONE]."""
+    payload = json.dumps(error_body(message, type, code))
+    return f"data: {payload}\n\ndata: [DONE]\n\n".encode()

@@ -1,0 +1,308 @@
+"""Forwarding one client request through prefill and decode: pick engines, run the legs with their retries, relay
+decode's answer without kv_transfer_params, and record what decode retained for the conversation's next turn."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+
+from duplex_sidecars import protocol
+from duplex_sidecars.router import legs, reuse
+from duplex_sidecars.router.endpoints import Engine
+from duplex_sidecars.router.errors import BackendFailed, BackendUnavailable, RouterError, sse_error_event
+from duplex_sidecars.router.history import Reply
+from duplex_sidecars.router.legs import CONNECT, STATUS_4XX, TIMEOUT, LegFailure
+from duplex_sidecars.router.reply import ReplyCollector, pop_kv_params, reply_of_body
+from duplex_sidecars.router.sse import DONE, SSEParser, encode_data
+from duplex_sidecars.router.turn import Turn
+
+if TYPE_CHECKING:
+    from duplex_sidecars.router.app import Router
+
+log = logging.getLogger(__name__)
+
+_KV_MARKER = protocol.KV_PARAMS_FIELD.encode()
+
+
+class ClientGone(Exception):
+    """The client went away while its answer was being written."""
+
+    def __init__(self, response: web.StreamResponse | None = None):
+        super().__init__("client disconnected")
+        self.response = response
+
+
+class EngineError(RouterError):
+    """An engine's own 4xx answer, passed on to the client as it was (in OpenAI shape)."""
+
+    def __init__(self, failure: LegFailure):
+        body = legs.engine_error_body(failure)
+        err = (body or {}).get("error") or {}
+        super().__init__(
+            err.get("message") or f"engine rejected the request ({failure.detail})",
+            status=failure.status or 400,
+            type=err.get("type") or "invalid_request_error",
+            code=err.get("code"),
+        )
+
+
+def _leg_error(leg: str, failures: list[LegFailure]) -> RouterError:
+    last = failures[-1]
+    if last.kind == STATUS_4XX:
+        return EngineError(last)
+    if all(f.kind == CONNECT for f in failures):
+        return BackendUnavailable(f"No {leg} engine could be reached.")
+    if last.kind == TIMEOUT:
+        return RouterError(f"The {leg} engine timed out.", status=504, type="timeout")
+    return BackendFailed(f"The {leg} engine failed ({last.detail}).")
+
+
+class Forwarder:
+    def __init__(self, router: Router):
+        self.r = router
+
+    # ---- prefill -------------------------------------------------------------------------------------------------
+
+    async def _prefill(self, turn: Turn, decision: reuse.Decision | None, attempt_tag: str) -> dict[str, Any] | None:
+        """Run the prefill leg with its retries; returns prefill's kv_transfer_params (None: decode recomputes).
+        Only the very first attempt of a request may carry replayed blocks."""
+        cfg = self.r.config
+        metrics = self.r.metrics
+        pool = self.r.engines.prefill
+        if len(pool) == 0:
+            raise BackendUnavailable("No prefill engines are available.")
+        failures: list[LegFailure] = []
+        tried: list[str] = []
+        replay = decision.params if decision is not None else None
+        for attempt in range(cfg.prefill_retries + 1):
+            engine = pool.pick(exclude=tried)
+            if engine is None:
+                break
+            tried.append(engine.url)
+            kv = replay if replay is not None and attempt == 0 else protocol.miss_params()
+            body = protocol.prefill_leg_body(turn.body, kv)
+            headers = legs.leg_headers(turn.request_id + attempt_tag + (f"-p{attempt}" if attempt else ""),
+                                       self.r.engine_api_key)
+            started = time.perf_counter()
+            try:
+                with pool.busy(engine):
+                    reply = await legs.prefill(self.r.session, engine.url + turn.path, body, headers, cfg.timeouts)
+            except LegFailure as failure:
+                metrics.backend_errors.labels("prefill", failure.kind).inc()
+                failures.append(failure)
+                log.warning("request %s: prefill leg on %s failed: %s", turn.request_id, engine.url, failure.detail)
+                if failure.kind == CONNECT:
+                    pool.mark(engine, False, failure.detail)
+                if attempt == 0 and replay is not None:
+                    metrics.miss("prefill_retry")
+                if not failure.retryable or failure.kind == TIMEOUT:
+                    break
+                if attempt < cfg.prefill_retries:
+                    metrics.retries.labels("prefill").inc()
+                continue
+            metrics.leg_duration.labels("prefill").observe(time.perf_counter() - started)
+            if attempt == 0 and replay is not None:
+                metrics.reuse_hits.inc()
+                metrics.reused_tokens.inc(decision.tokens if decision else 0)
+            params = reply.get(protocol.KV_PARAMS_FIELD)
+            if not isinstance(params, dict):
+                log.info("request %s: prefill on %s returned no kv_transfer_params; decode recomputes",
+                         turn.request_id, engine.url)
+                return None
+            return params
+        if not failures:
+            raise BackendUnavailable("No prefill engines are available.")
+        raise _leg_error("prefill", failures)
+
+    # ---- the request ---------------------------------------------------------------------------------------------
+
+    async def handle(self, request: web.Request, turn: Turn) -> web.StreamResponse:
+        cfg = self.r.config
+        metrics = self.r.metrics
+        decode_pool = self.r.engines.decode
+        decision = await reuse.lookup(self.r.store, turn, decode_pool, metrics)
+        if decision.params is None:
+            metrics.miss(decision.reason or "no_entry")
+        log.debug("request %s conv=%s: %s", turn.request_id, turn.key and turn.key[:12],
+                  "replay" if decision.params else f"miss ({decision.reason})")
+        failures: list[LegFailure] = []
+        tried: list[str] = []
+        for attempt in range(cfg.decode_retries + 1):
+            tag = f"-d{attempt}" if attempt else ""
+            # A decode retry needs a fresh prefill: P's blocks were prepared for one decode read.
+            prefill_params = await self._prefill(turn, decision if attempt == 0 else None, tag)
+            if len(decode_pool) == 0:
+                raise BackendUnavailable("No decode engines are available.")
+            engine = decode_pool.pick(exclude=tried, prefer=decision.sticky_decode if attempt == 0 else None)
+            if engine is None:
+                raise BackendUnavailable("No decode engines are available.")
+            tried.append(engine.url)
+            body = protocol.decode_leg_body(turn.body, prefill_params)
+            headers = legs.leg_headers(turn.request_id + tag, self.r.engine_api_key)
+            started = time.perf_counter()
+            with decode_pool.busy(engine):
+                try:
+                    resp = await legs.open_decode(self.r.session, engine.url + turn.path, body, headers, cfg.timeouts)
+                except LegFailure as failure:
+                    failures.append(self._decode_failed(turn, engine, failure))
+                    if not failure.retryable:
+                        break
+                    if attempt < cfg.decode_retries:
+                        metrics.retries.labels("decode").inc()
+                    continue
+                metrics.leg_duration.labels("decode").observe(time.perf_counter() - started)
+                done = False
+                try:
+                    if turn.stream:
+                        result = await self._relay_stream(request, turn, engine, resp)
+                    else:
+                        result = await self._relay_body(turn, engine, resp)
+                    done = True
+                except LegFailure as failure:  # failed before the client saw a byte: worth another try
+                    failures.append(self._decode_failed(turn, engine, failure))
+                    if attempt < cfg.decode_retries:
+                        metrics.retries.labels("decode").inc()
+                    continue
+                finally:
+                    # Closing an unfinished response drops the connection, which makes the engine abort the request.
+                    if done:
+                        resp.release()
+                    else:
+                        resp.close()
+            return result
+        if not failures:
+            raise BackendUnavailable("No decode engines are available.")
+        raise _leg_error("decode", failures)
+
+    def _decode_failed(self, turn: Turn, engine: Engine, failure: LegFailure) -> LegFailure:
+        self.r.metrics.backend_errors.labels("decode", failure.kind).inc()
+        log.warning("request %s: decode leg on %s failed: %s", turn.request_id, engine.url, failure.detail)
+        if failure.kind == CONNECT:
+            self.r.engines.decode.mark(engine, False, failure.detail)
+        return failure
+
+    async def _record(self, turn: Turn, engine: Engine, kv_params: Any, reply: Reply) -> None:
+        outcome = await reuse.record(self.r.store, turn, engine.url, kv_params, reply,
+                                     self.r.config.conversation.ttl_seconds, self.r.metrics)
+        self.r.metrics.captures.labels(outcome).inc()
+
+    # ---- non-streaming -------------------------------------------------------------------------------------------
+
+    async def _relay_body(self, turn: Turn, engine: Engine, resp: aiohttp.ClientResponse) -> web.Response:
+        raw = await legs.read_body(resp, self.r.config.timeouts.decode_idle_seconds)
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise LegFailure(legs.BROKEN, f"decode reply is not JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise LegFailure(legs.BROKEN, "decode reply is not a JSON object")
+        kv_params = pop_kv_params(body)
+        # Stored before the client hears back, so that its next turn always finds the entry.
+        await self._record(turn, engine, kv_params, reply_of_body(turn.route, body))
+        return web.Response(
+            body=json.dumps(body).encode(),
+            content_type="application/json",
+            headers={"X-Request-Id": turn.request_id},
+        )
+
+    # ---- streaming -----------------------------------------------------------------------------------------------
+
+    async def _relay_stream(self, request: web.Request, turn: Turn, engine: Engine,
+                            resp: aiohttp.ClientResponse) -> web.StreamResponse:
+        metrics = self.r.metrics
+        parser = SSEParser()
+        collector = ReplyCollector(turn.route) if turn.key else None
+        out: web.StreamResponse | None = None
+        kv_params: Any = None
+        held = bytearray()  # everything from decode's final (kv-carrying) chunk on waits until the entry is stored
+        finished = False
+        try:
+            async for chunk in legs.read_chunks(resp, self.r.config.timeouts.decode_idle_seconds):
+                events = parser.feed(chunk)
+                if not events:
+                    continue
+                batch = bytearray()
+                for event in events:
+                    data = event.data
+                    if data is None:
+                        (held if kv_params is not None else batch).extend(event.raw)
+                        continue
+                    if data == DONE:
+                        finished = True
+                        break
+                    raw = event.raw
+                    if collector is not None or _KV_MARKER in raw:
+                        try:
+                            obj = json.loads(data)
+                        except ValueError:
+                            obj = None
+                        if isinstance(obj, dict):
+                            if collector is not None:
+                                collector.add(obj)
+                            found = pop_kv_params(obj)
+                            if found is not None:
+                                kv_params = found
+                                raw = encode_data(json.dumps(obj, separators=(",", ":")))
+                            elif _KV_MARKER in raw:
+                                raw = encode_data(json.dumps(obj, separators=(",", ":")))
+                        elif _KV_MARKER in raw:
+                            continue  # unparseable and possibly internal: drop it
+                    (held if kv_params is not None else batch).extend(raw)
+                if batch:
+                    out = await self._write(request, turn, out, batch)
+                if finished:
+                    break
+        except LegFailure as failure:
+            if out is None:
+                raise
+            self._decode_failed(turn, engine, failure)
+            return await self._end_stream_with_error(turn, out, "The decode engine's stream broke off.")
+        if not finished:
+            if out is None:
+                raise LegFailure(legs.BROKEN, "decode stream ended without data")
+            self._decode_failed(turn, engine, LegFailure(legs.BROKEN, "decode stream ended without [DONE]"))
+            return await self._end_stream_with_error(turn, out, "The decode engine's stream ended unexpectedly.")
+        if collector is not None:
+            await self._record(turn, engine, kv_params, collector.reply())
+        held.extend(b"data: [DONE]\n\n")
+        out = await self._write(request, turn, out, held)
+        try:
+            await out.write_eof()
+        except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
+            raise ClientGone(out) from exc
+        metrics.e2e.labels(turn.route, "true").observe(time.perf_counter() - turn.started)
+        return out
+
+    async def _write(self, request: web.Request, turn: Turn, out: web.StreamResponse | None,
+                     data: bytes | bytearray) -> web.StreamResponse:
+        try:
+            if out is None:
+                out = web.StreamResponse(
+                    status=200,
+                    headers={
+                        "Content-Type": "text/event-stream",
+                        "Cache-Control": "no-cache",
+                        "X-Request-Id": turn.request_id,
+                    },
+                )
+                out.enable_chunked_encoding()
+                await out.prepare(request)  # headers go out with the first chunk, in one write
+                self.r.metrics.ttft.labels(turn.route, "true").observe(time.perf_counter() - turn.started)
+            await out.write(bytes(data))
+        except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
+            raise ClientGone(out) from exc
+        return out
+
+    async def _end_stream_with_error(self, turn: Turn, out: web.StreamResponse, message: str) -> web.StreamResponse:
+        self.r.metrics.e2e.labels(turn.route, "true").observe(time.perf_counter() - turn.started)
+        try:
+            await out.write(sse_error_event(message, "server_error", 502))
+            await out.write_eof()
+        except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
+            raise ClientGone(out) from exc
+        return out

@@ -1,0 +1,265 @@
+"""Digests that decide whether decode's retained blocks may be replayed for a new request.
+
+The D->P pull is positional: P copies the remote blocks over the first tokens of the new prompt without comparing
+them. So a stored entry carries a digest of the exact history its blocks cover (the request's messages or prompt
+plus the generated reply) and of the request fields that change tokenization; a new request may reuse the blocks
+only when its history starts with exactly that covered history under an equal scope. Nothing raw is kept: state
+keys and digests are SHA-256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+ANONYMOUS_TENANT = "anonymous"
+
+CHAT_ROUTE = "chat"
+COMPLETIONS_ROUTE = "completions"
+
+# Request fields that change how the prompt is rendered or tokenized (or what the cached blocks mean). Two requests
+# may share blocks only when all of these are equal. Unknown fields are left out on purpose: they do not reach the
+# prompt in vLLM.
+SCOPE_FIELDS: tuple[str, ...] = (
+    "model",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "functions",
+    "function_call",
+    "chat_template",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
+    "add_special_tokens",
+    "documents",
+    "cache_salt",
+    "truncate_prompt_tokens",
+    "reasoning_effort",
+    "response_format",
+    "mm_processor_kwargs",
+    "echo",
+    "suffix",
+)
+
+# Message keys that reach the chat template. Others (refusal, annotations, audio, ...) are response decorations an
+# SDK may echo back; vLLM does not render them.
+MESSAGE_KEYS: tuple[str, ...] = (
+    "role",
+    "content",
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "reasoning_content",
+    "reasoning",
+)
+
+# Content part types whose payload is inline text; media parts are allowed only as inline data URLs, since a
+# remote URL may serve different bytes next time.
+_TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
+
+
+def canonical(obj: Any) -> bytes:
+    """Canonical JSON: sorted keys, no whitespace, UTF-8. Raises ValueError/TypeError for non-JSON values."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def tenant_of(header_value: str | None) -> str:
+    """The tenant a request belongs to: a digest of its tenant header, or the anonymous tenant."""
+    if not header_value:
+        return ANONYMOUS_TENANT
+    return _sha(b"tenant\0" + header_value.encode("utf-8", "surrogatepass"))
+
+
+def state_key(tenant: str, model: str, conversation_id: str) -> str:
+    """The store key of a conversation: hashed, so neither ids nor credentials are kept in the store."""
+    return _sha(canonical(["conv", tenant, model, conversation_id]))
+
+
+def scope_digest(route: str, body: dict[str, Any]) -> str:
+    scope = {"route": route}
+    for field in SCOPE_FIELDS:
+        value = body.get(field)
+        if value is not None:
+            scope[field] = value
+    return _sha(canonical(scope))
+
+
+def normalize_message(message: Any) -> dict[str, Any] | None:
+    """The part of a message that reaches the prompt; None when it is not a message object."""
+    if not isinstance(message, dict):
+        return None
+    out = {k: message[k] for k in MESSAGE_KEYS if message.get(k) is not None}
+    if "tool_calls" in out:
+        if out["tool_calls"] == []:
+            del out["tool_calls"]
+        elif isinstance(out["tool_calls"], list):
+            out["tool_calls"] = [_normalize_tool_call(c) for c in out["tool_calls"]]
+    # An assistant turn that only calls tools renders the same with content "" or null (templates test truthiness),
+    # and SDKs disagree on which one they echo back.
+    if out.get("tool_calls") and out.get("content") == "":
+        del out["content"]
+    return out
+
+
+def _normalize_tool_call(call: Any) -> Any:
+    # Streamed calls carry an `index`; templates see id, type and function name/arguments only.
+    if not isinstance(call, dict):
+        return call
+    out = {k: call[k] for k in ("id", "type") if call.get(k) is not None}
+    function = call.get("function")
+    if isinstance(function, dict):
+        out["function"] = {k: function[k] for k in ("name", "arguments") if function.get(k) is not None}
+    elif function is not None:
+        out["function"] = function
+    return out
+
+
+def _content_is_stable(content: Any) -> bool:
+    if content is None or isinstance(content, str):
+        return True
+    if not isinstance(content, list):
+        return False
+    for part in content:
+        if not isinstance(part, dict):
+            return False
+        kind = part.get("type")
+        if kind in _TEXT_PART_TYPES:
+            continue
+        payload = part.get(kind) if isinstance(kind, str) else None
+        url = payload.get("url") if isinstance(payload, dict) else payload
+        if not (isinstance(url, str) and url.startswith("data:")):
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class Covered:
+    """The history a stored entry's blocks cover: a digest and its length (messages, or characters of a prompt)."""
+
+    kind: Literal["messages", "text"]
+    digest: str
+    length: int
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What decode generated for a request, as far as the prompt of the next turn is concerned."""
+
+    content: str | None = None
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    reasoning: str | None = None
+    finish_reason: str | None = None
+    stop_reason: Any = None
+    choices: int = 1
+
+
+class History:
+    """A request's prompt in comparable form: canonical messages (chat) or the prompt text (completions)."""
+
+    def __init__(self, kind: Literal["messages", "text"], messages: list[bytes] | None = None, text: str = ""):
+        self.kind = kind
+        self._messages = messages or []
+        self._text = text
+
+    @classmethod
+    def of_request(cls, route: str, body: dict[str, Any]) -> History | None:
+        """The request's history, or None when it cannot be compared safely (token prompts, odd shapes)."""
+        if route == CHAT_ROUTE:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                return None
+            encoded = []
+            for message in messages:
+                normalized = normalize_message(message)
+                if normalized is None or not _content_is_stable(normalized.get("content")):
+                    return None
+                try:
+                    encoded.append(canonical(normalized))
+                except (TypeError, ValueError):
+                    return None
+            return cls("messages", messages=encoded)
+        prompt = body.get("prompt")
+        if isinstance(prompt, str) and prompt:
+            return cls("text", text=prompt)
+        return None
+
+    def __len__(self) -> int:
+        return len(self._messages) if self.kind == "messages" else len(self._text)
+
+    def prefix_digest(self, length: int) -> str | None:
+        """Digest of the first `length` messages or characters; None when the history is shorter."""
+        if length <= 0 or length > len(self):
+            return None
+        if self.kind == "text":
+            return _text_digest(self._text[:length])
+        return _messages_digest(self._messages[:length])
+
+    def matches(self, covered: Covered) -> bool:
+        return covered.kind == self.kind and self.prefix_digest(covered.length) == covered.digest
+
+    def covered_with(self, reply: Reply) -> Covered:
+        """The history decode's retained blocks cover after generating `reply` for this request."""
+        if self.kind == "text":
+            text = self._text + (reply.content or "")
+            return Covered("text", _text_digest(text), len(text))
+        assistant: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.tool_calls:
+            assistant["tool_calls"] = list(reply.tool_calls)
+        messages = self._messages + [canonical(normalize_message(assistant))]
+        return Covered("messages", _messages_digest(messages), len(messages))
+
+
+def _text_digest(text: str) -> str:
+    return _sha(b"text\0" + text.encode("utf-8", "surrogatepass"))
+
+
+def _messages_digest(encoded: list[bytes]) -> str:
+    # Length-prefixed so that no two different message lists produce the same byte stream.
+    h = hashlib.sha256(b"messages\0")
+    for item in encoded:
+        h.update(len(item).to_bytes(8, "big"))
+        h.update(item)
+    return h.hexdigest()
+
+
+def request_not_storable(route: str, body: dict[str, Any]) -> str | None:
+    """Why this request's reply cannot be stored for reuse, or None when it can."""
+    if _number(body.get("n")) > 1 or _number(body.get("best_of")) > 1:
+        return "several choices: which one decode retained is ambiguous"
+    if body.get("echo"):
+        return "echo returns the prompt in the reply text"
+    if body.get("continue_final_message"):
+        return "continue_final_message renders the last message without its end of turn"
+    if body.get("prompt_embeds") is not None:
+        return "prompt embeddings have no comparable history"
+    return None
+
+
+def reply_not_storable(request_body: dict[str, Any], reply: Reply) -> str | None:
+    """Why decode's blocks after this reply do not match the next turn's prompt, or None when they do."""
+    if reply.choices != 1:
+        return "reply has several choices"
+    if reply.finish_reason not in ("stop", "length", "tool_calls"):
+        return f"finish_reason {reply.finish_reason!r}"
+    if reply.reasoning:
+        # Clients and chat templates commonly drop reasoning from history, so the next prompt would not start with
+        # what decode computed (vLLM issue #43094).
+        return "reply carries reasoning that the next prompt may not replay"
+    if reply.finish_reason == "stop" and request_body.get("stop"):
+        # A stop string's tokens are in decode's blocks but not in the reply text. A stop token id (int) or EOS is
+        # the last sampled token, which has no KV yet, so only a string stop is unsafe; an engine that does not
+        # report stop_reason leaves us in doubt.
+        if not isinstance(reply.stop_reason, int) or isinstance(reply.stop_reason, bool):
+            return "stopped on a stop string"
+    return None
+
+
+def _number(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -1,0 +1,164 @@
+"""The two HTTP legs of a P-D request: the one-token prefill call and the decode call whose response is relayed.
+
+Failures come out as `LegFailure` with a kind that decides whether another attempt is worth it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+import aiohttp
+
+from duplex_sidecars.router.config import TimeoutsConfig
+
+CONNECT = "connect"  # nothing reached the engine
+TIMEOUT = "timeout"
+STATUS_5XX = "status_5xx"
+STATUS_4XX = "status_4xx"  # the client's fault as the engine sees it: passed through, never retried
+BROKEN = "broken_stream"  # connection dropped or the response is unreadable
+
+
+class LegFailure(Exception):
+    def __init__(self, kind: str, detail: str, status: int | None = None, body: bytes | None = None):
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
+        self.status = status
+        self.body = body
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind != STATUS_4XX
+
+
+def nodelay_socket(addr_info: Any) -> socket.socket:
+    """Client sockets with Nagle off from the start: a request's header and body writes must not wait for an ACK."""
+    family, type_, proto, _, _ = addr_info
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    if family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def make_session() -> aiohttp.ClientSession:
+    """One pooled session for every leg and probe."""
+    connector = aiohttp.TCPConnector(
+        limit=0,  # the engines' own queues do the admission control
+        keepalive_timeout=60,
+        socket_factory=nodelay_socket,
+        enable_cleanup_closed=False,
+    )
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None), auto_decompress=True)
+
+
+def leg_headers(request_id: str, api_key: str | None) -> dict[str, str]:
+    headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def _classify(exc: BaseException) -> LegFailure:
+    if isinstance(exc, (aiohttp.ClientConnectorError, ConnectionRefusedError)):
+        return LegFailure(CONNECT, f"cannot connect: {exc}")
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return LegFailure(CONNECT, "connect timed out")
+    if isinstance(exc, asyncio.TimeoutError):
+        return LegFailure(TIMEOUT, "timed out")
+    return LegFailure(BROKEN, f"{type(exc).__name__}: {exc}")
+
+
+async def _status_failure(resp: aiohttp.ClientResponse) -> LegFailure:
+    try:
+        body = await asyncio.wait_for(resp.read(), 10)
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        body = b""
+    kind = STATUS_4XX if 400 <= resp.status < 500 else STATUS_5XX
+    return LegFailure(kind, f"HTTP {resp.status}", status=resp.status, body=body)
+
+
+async def prefill(session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str],
+                  timeouts: TimeoutsConfig) -> dict[str, Any]:
+    """Run the prefill leg; returns prefill's JSON reply."""
+    timeout = aiohttp.ClientTimeout(total=timeouts.prefill_seconds, sock_connect=timeouts.connect_seconds)
+    try:
+        async with session.post(url, data=json.dumps(body).encode(), headers=headers, timeout=timeout) as resp:
+            if resp.status != 200:
+                raise await _status_failure(resp)
+            raw = await resp.read()
+    except LegFailure:
+        raise
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        raise _classify(exc) from exc
+    try:
+        reply = json.loads(raw)
+    except ValueError as exc:
+        raise LegFailure(BROKEN, f"prefill reply is not JSON: {exc}") from exc
+    if not isinstance(reply, dict):
+        raise LegFailure(BROKEN, "prefill reply is not a JSON object")
+    return reply
+
+
+async def open_decode(session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str],
+                      timeouts: TimeoutsConfig) -> aiohttp.ClientResponse:
+    """Start the decode leg; returns the open 200 response (the caller reads and releases it)."""
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_seconds)
+    try:
+        async with asyncio.timeout(timeouts.decode_first_byte_seconds):
+            resp = await session.post(url, data=json.dumps(body).encode(), headers=headers, timeout=timeout)
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        raise _classify(exc) from exc
+    if resp.status != 200:
+        try:
+            raise await _status_failure(resp)
+        finally:
+            resp.release()
+    return resp
+
+
+async def read_chunks(resp: aiohttp.ClientResponse, idle_seconds: float) -> AsyncIterator[bytes]:
+    """The response body as it arrives; a gap longer than `idle_seconds` or a dropped connection is BROKEN/TIMEOUT."""
+    content = resp.content
+    while True:
+        try:
+            async with asyncio.timeout(idle_seconds):
+                chunk = await content.readany()
+        except asyncio.TimeoutError as exc:
+            raise LegFailure(TIMEOUT, f"no data for {idle_seconds:g}s") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise LegFailure(BROKEN, f"{type(exc).__name__}: {exc}") from exc
+        if not chunk:
+            return
+        yield chunk
+
+
+async def read_body(resp: aiohttp.ClientResponse, idle_seconds: float) -> bytes:
+    data = bytearray()
+    async for chunk in read_chunks(resp, idle_seconds):
+        data += chunk
+    return bytes(data)
+
+
+def engine_error_body(failure: LegFailure) -> dict[str, Any] | None:
+    """An engine's 4xx error in OpenAI shape, to pass on to the client; None when it has no usable body."""
+    try:
+        parsed = json.loads(failure.body or b"")
+    except ValueError:
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    if isinstance(parsed.get("error"), dict):
+        err = parsed["error"]
+    else:  # vLLM's older ErrorResponse: {"object": "error", "message", "type", "code"}
+        err = parsed
+    return {
+        "error": {
+            "message": str(err.get("message", failure.detail)),
+            "type": str(err.get("type", "invalid_request_error")),
+            "code": err.get("code", failure.status),
+        }
+    }

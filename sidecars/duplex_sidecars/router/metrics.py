@@ -1,0 +1,102 @@
+"""The router's Prometheus metrics, in a registry of their own so that several routers can live in one process."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# Every reason a request's prefill leg goes out without replayed blocks.
+MISS_REASONS: tuple[str, ...] = (
+    "no_conversation_id",
+    "no_entry",
+    "expired",
+    "history_mismatch",
+    "scope_mismatch",
+    "endpoint_gone",
+    "store_error",
+    "not_replayable",
+    "prefill_retry",
+)
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "duplex_router_requests", "Client requests by route and final HTTP status.", ["route", "status"], registry=r
+        )
+        self.ttft = Histogram(
+            "duplex_router_time_to_first_token_seconds",
+            "From request arrival to the first byte sent to the client.",
+            ["route", "stream"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "duplex_router_request_duration_seconds",
+            "From request arrival to the last byte sent to the client.",
+            ["route", "stream"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.leg_duration = Histogram(
+            "duplex_router_leg_duration_seconds",
+            "Prefill leg until its reply; decode leg until its response headers.",
+            ["leg"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.reuse_hits = Counter(
+            "duplex_router_kv_reuse_hits", "Prefill legs that carried decode's retained blocks.", registry=r
+        )
+        self.reuse_misses = Counter(
+            "duplex_router_kv_reuse_misses", "Prefill legs sent with the miss payload, by reason.", ["reason"], registry=r
+        )
+        self.reused_tokens = Counter(
+            "duplex_router_kv_reused_tokens",
+            "Sum of remote_num_tokens replayed to prefill (tokens offered for the D->P pull).",
+            registry=r,
+        )
+        self.captures = Counter(
+            "duplex_router_kv_captures",
+            "Decode replies by what was stored: stored, not_replayable, no_params, not_stored (no id or failed).",
+            ["outcome"],
+            registry=r,
+        )
+        self.retries = Counter("duplex_router_retries", "Leg retries, by leg.", ["leg"], registry=r)
+        self.backend_errors = Counter(
+            "duplex_router_backend_errors",
+            "Failed legs by leg and kind (connect, timeout, status_5xx, status_4xx, broken_stream).",
+            ["leg", "kind"],
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "duplex_router_inflight_requests", "Requests in flight per engine.", ["role", "endpoint"], registry=r
+        )
+        self.endpoints = Gauge(
+            "duplex_router_endpoints", "Known engines by role and health.", ["role", "state"], registry=r
+        )
+        self.store_entries = Gauge(
+            "duplex_router_store_entries", "Entries in the conversation store (Redis: refreshed every 30 s).", registry=r
+        )
+        self.store_errors = Counter(
+            "duplex_router_store_errors", "Store operations that failed, by operation.", ["op"], registry=r
+        )
+        self.store_dropped = Counter(
+            "duplex_router_store_dropped_entries",
+            "Entries turned into tombstones because their decode engine left.",
+            registry=r,
+        )
+        self.config_reloads = Counter(
+            "duplex_router_config_reloads", "Config file reloads by outcome (applied, invalid).", ["outcome"], registry=r
+        )
+        for reason in MISS_REASONS:
+            self.reuse_misses.labels(reason)
+
+    def miss(self, reason: str) -> None:
+        self.reuse_misses.labels(reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
