@@ -9,9 +9,10 @@ VENV="$CACHE/vllm-$VLLM_VERSION"
 MARKER="$VENV/.duplex-vllm-ok"
 PY=${PYTHON:-python3}
 t0=$(date +%s)
-say() { printf '==> [setup-vllm +%ss] %s\n' "$(( $(date +%s) - t0 ))" "$*"; }
+say() { printf '==> [setup-vllm +%ss] %s\n' "$(( $(date +%s) - t0 ))" "$*" >&2; }
 
-if [ -f "$MARKER" ] && "$VENV/bin/python" -c "import vllm" 2>/dev/null; then
+# The marker is written only after `import vllm` worked, so its presence is enough: reruns are instant.
+if [ -f "$MARKER" ] && [ -x "$VENV/bin/python" ]; then
   say "vLLM $VLLM_VERSION already installed in $VENV"
   echo "$VENV"
   exit 0
@@ -25,9 +26,20 @@ fi
 say "upgrading pip"
 "$VENV/bin/pip" install -q --upgrade pip
 say "installing vllm==$VLLM_VERSION (cold: a few minutes, ~9 GB)"
+# pip -q is silent for minutes: a heartbeat says how far the download and unpack got.
+(
+  trap 'kill "$nap" 2>/dev/null; exit 0' TERM  # take the pending sleep along when stopped
+  while :; do
+    sleep 30 & nap=$!; wait "$nap"
+    say "still installing: $(du -sh "$VENV" 2>/dev/null | cut -f1) so far"
+  done
+) &
+heartbeat=$!
+trap 'kill "$heartbeat" 2>/dev/null || true' EXIT
 "$VENV/bin/pip" install -q --progress-bar off "vllm==$VLLM_VERSION"
+kill "$heartbeat" 2>/dev/null || true
 say "verifying import (VLLM_TARGET_DEVICE=cpu)"
-VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c "import vllm, sys; print('vllm', vllm.__version__, 'python', sys.version.split()[0])"
+VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c "import vllm, sys; print('vllm', vllm.__version__, 'python', sys.version.split()[0])" >&2
 date -u +%Y-%m-%dT%H:%M:%SZ > "$MARKER"
 say "done: $(du -sh "$VENV" 2>/dev/null | cut -f1) in $VENV"
 echo "$VENV"
