@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from duplex_sidecars import protocol as pr
-from duplex_sidecars.sim.launcher import SimProcess
+from duplex_sidecars.sim.launcher import SimProcess, SimStartError
 from duplex_sidecars.sim.nixl_transport import NixlUnavailable, load_nixl_api
 
 pytestmark = [pytest.mark.nixl, pytest.mark.timeout(180)]
@@ -302,3 +302,25 @@ def test_concurrent_conversations_stay_consistent(sims):
         list(pool.map(two_turns, range(8)))
     assert pm.delta()["sim_nixl_reads_total"] == 8 and dm.delta()["sim_nixl_reads_total"] == 16
     assert pm.delta()["sim_corrupt_blocks_total"] == dm.delta()["sim_corrupt_blocks_total"] == 0
+
+
+def test_launcher_reports_a_failed_start_with_the_log():
+    bad = SimProcess("decode", "--block-bytes", "100", startup_timeout=20)
+    with pytest.raises(SimStartError, match="block-bytes") as info:
+        with bad:
+            pass
+    assert "exited with code" in str(info.value)
+
+
+async def test_async_sim_pair_serves_a_turn():
+    from duplex_sidecars.sim.launcher import async_sim_pair
+
+    async with async_sim_pair(decode_args=("--no-bidirectional",), model="m2") as (p, d):
+        assert p.role == "prefill" and d.role == "decode" and p.port != d.port
+        body = {"model": "m2", "messages": conversation(), "max_tokens": 3}
+        status, prefill = post(p, pr.prefill_leg_body(body, pr.miss_params()))
+        assert status == 200
+        status, decode = post(d, pr.decode_leg_body(body, prefill[pr.KV_PARAMS_FIELD]))
+        assert status == 200 and decode[pr.KV_PARAMS_FIELD] is None
+        assert d.metric("sim_nixl_reads_total") == 1
+    assert p.process.returncode == 0 and d.process.returncode == 0  # SIGTERM shuts down cleanly

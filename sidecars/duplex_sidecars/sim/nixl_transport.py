@@ -31,19 +31,15 @@ class TransferFailed(RuntimeError):
 
 
 def load_nixl_api() -> Any:
-    """NIXL's `_api` module: `nixl` when the meta-package is installed, else the CUDA-12 wheel's own package."""
-    try:
-        from nixl import _api  # type: ignore[import-not-found]
+    """NIXL's `_api` module, from the CUDA-variant wheel when present (the `nixl` meta-package imports torch)."""
+    import importlib
 
-        return _api
-    except ImportError:
-        pass
-    try:
-        from nixl_cu12 import _api  # type: ignore[import-not-found]
-
-        return _api
-    except ImportError as e:
-        raise NixlUnavailable(INSTALL_HINT) from e
+    for package in ("nixl_cu12", "nixl_cu13", "nixl"):
+        try:
+            return importlib.import_module(f"{package}._api")
+        except ImportError:
+            continue
+    raise NixlUnavailable(INSTALL_HINT)
 
 
 class NixlTransport:
