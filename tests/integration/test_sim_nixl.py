@@ -285,6 +285,7 @@ def test_plain_requests_serve_locally_and_identically(sims):
     assert rp["choices"][0]["text"] == rd["choices"][0]["text"] and rp[pr.KV_PARAMS_FIELD] is None
     assert rp["usage"]["completion_tokens"] == 12 and rp["choices"][0]["finish_reason"] == "length"
     assert post(d, {**body, "model": "nope"}, "/v1/completions")[0] == 404
+    assert post(d, {**body, "prompt": ""}, "/v1/completions")[0] == 400
     with urllib.request.urlopen(d.url + "/v1/models", timeout=5) as resp:
         assert [m["id"] for m in json.loads(resp.read())["data"]] == ["sim"]
 

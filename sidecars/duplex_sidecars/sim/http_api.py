@@ -138,6 +138,8 @@ class OpenAIApi:
         model = body.get("model")
         if model is not None and model != self.model:
             raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
+        if not prompt:
+            raise ApiError(400, "The prompt cannot be empty.")
         limit = self.engine.cfg.max_model_len
         if len(prompt) + (max_tokens or 1) > limit:
             raise ApiError(400, f"This model's maximum context length is {limit} tokens; the request needs "
