@@ -5,7 +5,7 @@ stdin:  JSON list of {"name": str, "argv": ["vllm", "serve", MODEL, ...],
                       optional "device": "cuda" | "cpu" | "xpu" | "tpu" | other (the engine's accelerator),
                       optional "hf_config": {...} (config.json for the model; else a built-in shape is used)}
 stdout: JSON list of {"name", "ok", "model", "errors", "checks", "warnings", "kv_transfer_config", "engine_config"}
-exit:   0 only if every entry is ok.
+exit:   0 only if every entry is ok (an empty list is not), 1 if any is not, 2 on bad input.
 
 Each entry goes through what `vllm serve` itself does before it starts any process: the `vllm` top-level parser with
 the serve subcommand (`ServeSubcommand.subparser_init` -> `make_arg_parser`), `validate_parsed_serve_args`, the
@@ -413,7 +413,10 @@ def main() -> int:
         print("vllm_check: stdin must be a JSON list of {name, argv} objects", file=sys.stderr)
         return 2
     started = time.monotonic()
-    # vLLM and its libraries print to stdout here and there; stdout carries only our JSON.
+    # vLLM, torch and native libraries print to stdout here and there (some from C): point fd 1 at stderr while
+    # checking, so the real stdout carries only our JSON.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     with contextlib.redirect_stdout(sys.stderr):
         import vllm
 
@@ -421,8 +424,9 @@ def main() -> int:
         results = [check(item) for item in items]
     print(f"vllm_check: vllm {vllm.__version__}, import {imported:.1f} s, {len(results)} entries in "
           f"{time.monotonic() - started:.1f} s", file=sys.stderr)
-    json.dump(results, sys.stdout, indent=2)
-    sys.stdout.write("\n")
+    json.dump(results, out, indent=2)
+    out.write("\n")
+    out.flush()
     return 0 if results and all(r["ok"] for r in results) else 1
 
 
