@@ -7,6 +7,7 @@ tests (in CI and locally): a skipped transport test would hide exactly the regre
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 import uuid
@@ -311,6 +312,7 @@ def test_launcher_reports_a_failed_start_with_the_log():
         with bad:
             pass
     assert "exited with code" in str(info.value)
+    os.remove(bad.log_path)  # kept by the launcher because the engine failed
 
 
 async def test_async_sim_pair_serves_a_turn():

@@ -5,7 +5,7 @@ API:
         A currently free TCP port (never the same one twice in this process).
 
     SimProcess(role, *extra_args, engine_id=None, model="sim", host="127.0.0.1", port=None,
-               side_channel_port=None, startup_timeout=30.0, env=None, log_dir=None)
+               side_channel_port=None, startup_timeout=30.0, env=None, log_dir=None, keep_log=False)
         One engine. `extra_args` are further `duplex sim` flags, e.g. "--no-bidirectional",
         "--kv-load-failure-policy", "recompute". Ports left as None are picked with free_port().
         Attributes: role, host, port, side_channel_port, engine_id, model, url ("http://host:port"),
@@ -14,7 +14,8 @@ API:
         wait_ready(timeout=None)      block until GET /health is 200; raises SimStartError with the log tail if
                                       the process exits or the deadline (startup_timeout) passes
         await wait_ready_async(timeout=None)
-        stop(timeout=10.0) -> int     SIGTERM, then SIGKILL after `timeout`; returns the exit code
+        stop(timeout=10.0) -> int     SIGTERM, then SIGKILL after `timeout`; returns the exit code. The log file
+                                      is deleted after a clean exit (code 0) unless keep_log is set
         log_tail(lines=40) -> str     the end of the engine's combined stdout/stderr
         metrics() -> list[(name, labels, value)]      one /metrics scrape, parsed
         metric(name, **labels) -> float               sum of the samples of `name` whose labels match
@@ -77,6 +78,7 @@ class SimProcess:
         startup_timeout: float = 30.0,
         env: dict[str, str] | None = None,
         log_dir: str | None = None,
+        keep_log: bool = False,
     ):
         self.role = role
         self.extra_args = list(extra_args)
@@ -90,6 +92,7 @@ class SimProcess:
         self.env = env
         fd, self.log_path = tempfile.mkstemp(prefix=f"duplex-sim-{role}-", suffix=".log", dir=log_dir)
         os.close(fd)
+        self.keep_log = keep_log
         self.process: subprocess.Popen[bytes] | None = None
         self._deadline = 0.0
         self._attempts = 0
@@ -173,6 +176,9 @@ class SimProcess:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if proc.returncode == 0 and not self.keep_log:
+            with contextlib.suppress(OSError):
+                os.remove(self.log_path)
         return proc.returncode
 
     def log_tail(self, lines: int = 40) -> str:
