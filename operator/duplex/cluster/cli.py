@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             print(cluster.kubeconfig)
             return 0
     except ToolsMissing as err:
-        print(f"duplex cluster: {err}", file=sys.stderr)
+        print(f"duplex cluster: {err}; run hack/setup.sh (or bash hack/build-tools.sh)", file=sys.stderr)
         return 3
     except ClusterError as err:
         print(f"duplex cluster: FAILED: {err}", file=sys.stderr)

@@ -126,6 +126,14 @@ def argv(component: str, layout: Layout, ports: Ports, bin_dir: Path) -> list[st
             f"--tls-cert-file={pki.apiserver_cert}",
             f"--tls-private-key-file={pki.apiserver_key}",
             f"--client-ca-file={pki.ca_cert}",
+            # Request-header auth for aggregated APIs; also what KCM and the scheduler expect to find published.
+            f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki.front_proxy_client_cert}",
+            f"--proxy-client-key-file={pki.front_proxy_client_key}",
             "--authorization-mode=Node,RBAC",
             # The defaults (NamespaceLifecycle, ServiceAccount, PodSecurity, ResourceQuota, ...) stay on; add these.
             "--enable-admission-plugins=NodeRestriction",

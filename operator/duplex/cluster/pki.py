@@ -59,6 +59,18 @@ class PKIPaths:
         return self.root / "admin.key"
 
     @property
+    def front_proxy_ca_cert(self) -> Path:
+        return self.root / "front-proxy-ca.crt"
+
+    @property
+    def front_proxy_client_cert(self) -> Path:
+        return self.root / "front-proxy-client.crt"
+
+    @property
+    def front_proxy_client_key(self) -> Path:
+        return self.root / "front-proxy-client.key"
+
+    @property
     def sa_key(self) -> Path:
         return self.root / "sa.key"
 
@@ -68,7 +80,8 @@ class PKIPaths:
 
     def exists(self) -> bool:
         files = (self.ca_cert, self.ca_key, self.apiserver_cert, self.apiserver_key, self.admin_cert, self.admin_key,
-                 self.sa_key, self.sa_pub)
+                 self.front_proxy_ca_cert, self.front_proxy_client_cert, self.front_proxy_client_key, self.sa_key,
+                 self.sa_pub)
         return all(f.is_file() for f in files)
 
 
@@ -133,10 +146,9 @@ def client_subject(user: str, groups: Sequence[str] = ()) -> x509.Name:
     return x509.Name(attrs)
 
 
-def mint(paths: PKIPaths) -> None:
-    """Create the CA, the apiserver serving cert, the admin client cert and the service-account keypair."""
+def _new_ca(common_name: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     ca_key = _ec_key()
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "duplex-local-ca")])
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     ca_cert = (
         x509.CertificateBuilder()
         .subject_name(ca_name)
@@ -152,6 +164,13 @@ def mint(paths: PKIPaths) -> None:
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
+    return ca_cert, ca_key
+
+
+def mint(paths: PKIPaths) -> None:
+    """Create the CA, the apiserver serving cert, the admin client cert, the front-proxy (request-header) CA and
+    client cert, and the service-account keypair."""
+    ca_cert, ca_key = _new_ca("duplex-local-ca")
     _write(paths.ca_cert, _cert_pem(ca_cert))
     _write(paths.ca_key, _key_pem(ca_key), private=True)
 
@@ -166,6 +185,13 @@ def mint(paths: PKIPaths) -> None:
                        ExtendedKeyUsageOID.CLIENT_AUTH)
     _write(paths.admin_cert, cert)
     _write(paths.admin_key, key, private=True)
+
+    # A separate CA for the aggregation layer's request-header auth, so no ordinary client cert can claim to be a proxy.
+    fp_cert, fp_key = _new_ca("duplex-front-proxy-ca")
+    _write(paths.front_proxy_ca_cert, _cert_pem(fp_cert))
+    cert, key = _issue(fp_cert, fp_key, client_subject("front-proxy-client"), ExtendedKeyUsageOID.CLIENT_AUTH)
+    _write(paths.front_proxy_client_cert, cert)
+    _write(paths.front_proxy_client_key, key, private=True)
 
     # RSA because RS256 is what every JWT consumer of service-account tokens accepts.
     sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)

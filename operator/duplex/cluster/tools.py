@@ -30,7 +30,7 @@ def missing_in(bin_dir: Path) -> list[str]:
 def _check(bin_dir: Path) -> Path:
     missing = missing_in(bin_dir)
     if missing:
-        raise ToolsMissing(f"{bin_dir} lacks {', '.join(missing)}; run hack/setup.sh (or bash hack/build-tools.sh)")
+        raise ToolsMissing(f"{bin_dir} lacks {', '.join(missing)}")
     return bin_dir
 
 
