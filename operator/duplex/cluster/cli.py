@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from duplex.cluster.local import ClusterError, LocalCluster, default_state_dir
@@ -31,10 +32,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         if args.command == "up":
+            # A terminated `up` must still stop what it started: turn SIGTERM into an exception startup cleans up on.
+            signal.signal(signal.SIGTERM, _terminated)
             cluster = LocalCluster(args.dir, bin_dir=args.bin_dir, nodes_file=args.nodes)
             cluster.up(timeout=args.timeout, build=not args.no_build)
             print(cluster.kubeconfig)

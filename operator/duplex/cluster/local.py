@@ -316,7 +316,10 @@ class LocalCluster:
     # ----- internals -----
 
     def _say(self, text: str) -> None:
-        self._echo(f"[cluster +{time.monotonic() - self._t0:6.1f}s] {text}")
+        try:
+            self._echo(f"[cluster +{time.monotonic() - self._t0:6.1f}s] {text}")
+        except (OSError, ValueError):  # a closed or broken progress stream must not abort startup or cleanup
+            pass
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

@@ -49,8 +49,8 @@ def start_ticks(pid: int) -> int | None:
 
 def _reap(pid: int) -> None:
     child = _children.get(pid)
-    if child is not None and child.poll() is not None:
-        _children.pop(pid, None)
+    if child is not None:
+        child.poll()  # collects an exited child's status, so it is not left a zombie
 
 
 def is_alive(record: ProcessRecord) -> bool:
@@ -128,7 +128,6 @@ def stop(record: ProcessRecord, grace: float = 10.0) -> bool:
             except subprocess.TimeoutExpired:
                 pass
         if not is_alive(record) and not _group_members(pgid):
-            _children.pop(record.pid, None)
             return True
         time.sleep(0.1)
     return False
