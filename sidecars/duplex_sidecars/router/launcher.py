@@ -1,0 +1,203 @@
+"""Start and stop `duplex router` processes, and a throwaway `redis-server` for the Redis store, on free loopback
+ports (for tests and benchmarks).
+
+    RouterProcess(*args, prefill=[urls], decode=[urls], config=None | dict | path, host="127.0.0.1", port=None)
+        start() / wait_ready(timeout) (GET /health) / stop(); `url`, `log_tail()`, `metric(name, **labels)`;
+        also a (sync and async) context manager.
+    RedisServer(port=None)
+        A redis-server with no persistence in a temp dir: start() waits until it answers PING; stop(); `url`.
+        `RedisServer.available()` tells whether the binary is installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from duplex_sidecars.sim.launcher import free_port
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def _tail(path: str, lines: int = 40) -> str:
+    try:
+        with open(path, "rb") as f:
+            return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class RouterProcess:
+    def __init__(self, *extra_args: str, prefill: list[str] = (), decode: list[str] = (),  # type: ignore[assignment]
+                 config: dict[str, Any] | str | None = None, host: str = "127.0.0.1", port: int | None = None,
+                 env: dict[str, str] | None = None, startup_timeout: float = 20.0):
+        self.host = host
+        self.port = port or free_port(host)
+        self.extra_args = list(extra_args)
+        self.prefill = list(prefill)
+        self.decode = list(decode)
+        self.env = env
+        self.startup_timeout = startup_timeout
+        fd, self.log_path = tempfile.mkstemp(prefix="duplex-router-", suffix=".log")
+        os.close(fd)
+        self.config_path: str | None = None
+        if isinstance(config, dict):
+            fd, self.config_path = tempfile.mkstemp(prefix="duplex-router-", suffix=".json")
+            with os.fdopen(fd, "w") as f:
+                json.dump(config, f)
+        elif isinstance(config, str):
+            self.config_path = config
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "duplex.cli", "router", "--host", self.host, "--port", str(self.port)]
+        for url in self.prefill:
+            cmd += ["--prefill", url]
+        for url in self.decode:
+            cmd += ["--decode", url]
+        if self.config_path:
+            cmd += ["--config", self.config_path]
+        return cmd + self.extra_args
+
+    def start(self) -> RouterProcess:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(self.env or {})}
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
+        return self
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=1) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_ready(self, timeout: float | None = None) -> RouterProcess:
+        deadline = time.monotonic() + (timeout or self.startup_timeout)
+        assert self.process is not None, "start() first"
+        while not self._healthy():
+            if self.process.poll() is not None:
+                raise LaunchError(f"duplex router exited with {self.process.returncode}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise LaunchError(f"duplex router not healthy on {self.url}:\n{self.log_tail()}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        proc = self.process
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return proc.returncode
+
+    def log_tail(self, lines: int = 40) -> str:
+        return _tail(self.log_path, lines)
+
+    def metric(self, name: str, **labels: str) -> float:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+                   if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+    def __enter__(self) -> RouterProcess:
+        try:
+            return self.start().wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *_: Any) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> RouterProcess:
+        try:
+            self.start()
+            return await asyncio.to_thread(self.wait_ready)
+        except BaseException:
+            self.stop()
+            raise
+
+    async def __aexit__(self, *_: Any) -> None:
+        await asyncio.to_thread(self.stop)
+
+
+class RedisServer:
+    def __init__(self, port: int | None = None, host: str = "127.0.0.1"):
+        self.host = host
+        self.port = port or free_port(host)
+        self.dir = tempfile.mkdtemp(prefix="duplex-redis-")
+        self.log_path = os.path.join(self.dir, "redis.log")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @staticmethod
+    def available() -> bool:
+        return shutil.which("redis-server") is not None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    def _ping(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise LaunchError("redis-server is not installed (apt-get install -y redis-server)")
+        cmd = [binary, "--bind", self.host, "--port", str(self.port), "--save", "", "--appendonly", "no",
+               "--dir", self.dir, "--logfile", self.log_path, "--protected-mode", "no"]
+        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while not self._ping():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise LaunchError(f"redis-server did not start:\n{_tail(self.log_path)}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *_: Any) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)

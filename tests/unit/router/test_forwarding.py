@@ -1,0 +1,400 @@
+"""The router's request flow against fake engines: legs, reuse decisions, stripping, retries and stream errors."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import statistics
+import time
+
+from duplex_sidecars import protocol
+from duplex_sidecars.router.store import MemoryStore
+
+USER = {"role": "user", "content": "What is the capital of France?"}
+
+
+def kv_in(seen) -> dict:
+    return seen.body.get("kv_transfer_params")
+
+
+async def two_turns(rig, stream: bool = False, conv: str = "c1", **extra):
+    status, out, text = await rig.chat([USER], conv=conv, stream=stream, **extra)
+    assert status == 200, out
+    history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "And of Spain?"}]
+    status2, out2, _ = await rig.chat(history, conv=conv, stream=stream, **extra)
+    assert status2 == 200, out2
+    return history, out, out2
+
+
+async def test_turn_two_replays_decodes_blocks_to_prefill(make_rig):
+    rig = await make_rig()
+    await two_turns(rig)
+    p1, p2 = rig.p.seen
+    d1, d2 = rig.d.seen
+    assert kv_in(p1) == protocol.miss_params()
+    expected = protocol.replay_params(rig.d.d_params(d1.headers["X-Request-Id"]))
+    assert kv_in(p2) == expected
+    assert kv_in(p2)["remote_blocks_expiry_time"] == 1234.5  # forwarded unchanged
+    # prefill leg shape; decode leg gets prefill's params unchanged and the client's own settings
+    assert p1.body["stream"] is False and p1.body["max_tokens"] == 1
+    assert kv_in(d1) == rig.p.p_params(p1.headers["X-Request-Id"])
+    assert "max_tokens" not in d1.body and d1.body["stream"] is False
+    for seen in rig.p.seen + rig.d.seen:
+        assert "conversation_id" not in seen.body
+    assert p1.headers["X-Request-Id"] == d1.headers["X-Request-Id"]
+    assert rig.metric("duplex_router_kv_reuse_hits_total") == 1
+    assert rig.metric("duplex_router_kv_reused_tokens_total") == 42
+    assert rig.metric("duplex_router_kv_reuse_misses_total", reason="no_entry") == 1
+
+
+async def test_streaming_turns_reuse_and_never_leak_params(make_rig):
+    rig = await make_rig()
+    _, out1, out2 = await two_turns(rig, stream=True, stream_options={"include_usage": True})
+    for events in (out1, out2):
+        assert events[-1] == "[DONE]"
+        assert all("kv_transfer_params" not in e for e in events if isinstance(e, dict))
+        assert events[-2]["choices"][0]["finish_reason"] == "stop"
+    assert kv_in(rig.p.seen[1])["remote_engine_id"] == "d0"
+    assert "stream_options" not in rig.p.seen[0].body
+    assert rig.d.seen[0].body["stream_options"] == {"include_usage": True}
+    assert rig.metric("duplex_router_kv_reuse_hits_total") == 1
+
+
+async def test_non_streaming_body_has_no_params(make_rig):
+    rig = await make_rig()
+    status, out, _ = await rig.chat([USER])
+    assert status == 200 and "kv_transfer_params" not in out
+    status, out, _ = await rig.post("/v1/completions", {"model": "m", "prompt": "Once upon", "conversation_id": "x"})
+    assert status == 200 and "kv_transfer_params" not in out
+
+
+async def test_client_supplied_kv_params_never_reach_engines(make_rig):
+    rig = await make_rig()
+    evil = {"do_remote_decode": True, "remote_engine_id": "victim", "remote_block_ids": [[1]], "remote_host": "x",
+            "remote_port": 1, "remote_request_id": "r", "remote_num_tokens": 100}
+    status, _, _ = await rig.chat([USER], conv=None, kv_transfer_params=evil)
+    assert status == 200
+    assert kv_in(rig.p.seen[0]) == protocol.miss_params()
+    assert kv_in(rig.d.seen[0])["remote_engine_id"] == "p0"
+
+
+async def test_conversation_id_from_header(make_rig):
+    rig = await make_rig()
+    status, _, text = await rig.chat([USER], conv=None, headers={"X-Conversation-Id": "h1"})
+    history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "more"}]
+    await rig.chat(history, conv=None, headers={"X-Conversation-Id": "h1"})
+    assert kv_in(rig.p.seen[1])["remote_engine_id"] == "d0"
+
+
+async def test_without_conversation_id_nothing_is_stored(make_rig):
+    rig = await make_rig()
+    await rig.chat([USER], conv=None)
+    assert await rig.router.store.size() == 0
+    assert rig.metric("duplex_router_kv_reuse_misses_total", reason="no_conversation_id") == 1
+    assert rig.metric("duplex_router_kv_captures_total", outcome="not_stored") == 1
+
+
+async def test_entries_are_single_use(make_rig):
+    rig = await make_rig()
+    _, _, text = await rig.chat([USER])
+    history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+    results = await asyncio.gather(*(rig.chat(history) for _ in range(5)))
+    assert all(r[0] == 200 for r in results)
+    replayed = [s for s in rig.p.seen[1:] if kv_in(s).get("remote_engine_id")]
+    assert len(replayed) == 1
+    assert rig.metric("duplex_router_kv_reuse_hits_total") == 1
+
+
+async def test_tenants_are_isolated(make_rig):
+    rig = await make_rig()
+    alice = {"Authorization": "Bearer alice"}
+    bob = {"Authorization": "Bearer bob"}
+    _, _, text = await rig.chat([USER], headers=alice)
+    history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+    await rig.chat(history, headers=bob)
+    assert kv_in(rig.p.seen[1]) == protocol.miss_params()
+    await rig.chat(history)  # anonymous tenant
+    assert kv_in(rig.p.seen[2]) == protocol.miss_params()
+    await rig.chat(history, headers=alice)
+    assert kv_in(rig.p.seen[3])["remote_engine_id"] == "d0"
+    assert rig.metric("duplex_router_kv_reuse_misses_total", reason="no_entry") == 3
+
+
+async def test_models_scope_state(make_rig):
+    rig = await make_rig()
+    _, _, text = await rig.chat([USER])
+    history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+    status, _, _ = await rig.post("/v1/chat/completions", {"model": "other", "messages": history,
+                                                           "conversation_id": "c1"})
+    assert status == 200
+    assert kv_in(rig.p.seen[1]) == protocol.miss_params()
+
+
+async def test_edited_history_is_a_miss(make_rig):
+    rig = await make_rig()
+    _, _, text = await rig.chat([USER])
+    edited = [USER, {"role": "assistant", "content": text + " (edited)"}, {"role": "user", "content": "next"}]
+    await rig.chat(edited)
+    assert kv_in(rig.p.seen[1]) == protocol.miss_params()
+    assert rig.metric("duplex_router_kv_reuse_misses_total", reason="history_mismatch") == 1
+
+
+async def test_changed_scope_is_a_miss(make_rig):
+    rig = await make_rig()
+    _, _, text = await rig.chat([USER])
+    history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+    await rig.chat(history, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
+    assert kv_in(rig.p.seen[1]) == protocol.miss_params()
+    assert rig.metric("duplex_router_kv_reuse_misses_total", reason="scope_mismatch") == 1
+
+
+async def test_decode_without_params_makes_next_turn_not_replayable(make_rig):
+    rig = await make_rig()
+    rig.d.actions = ["no_params"]
+    _, _, text = await rig.chat([USER], stream=True)
+    history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+    await rig.chat(history)
+    assert kv_in(rig.p.seen[1]) == protocol.miss_params()
+    assert rig.metric("duplex_router_kv_captures_total", outcome="no_params") == 1
+    assert rig.metric("duplex_router_kv_reuse_misses_total", reason="not_replayable") == 1
+
+
+async def test_reasoning_reply_is_not_replayed(make_rig):
+    rig = await make_rig()
+    rig.d.reasoning = "let me think"
+    _, _, text = await rig.chat([USER], stream=True)
+    rig.d.reasoning = None
+    history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+    await rig.chat(history)
+    assert kv_in(rig.p.seen[1]) == protocol.miss_params()
+    assert rig.metric("duplex_router_kv_captures_total", outcome="not_replayable") == 1
+
+
+async def test_stop_string_reply_is_not_replayed(make_rig):
+    rig = await make_rig()
+    rig.d.stop_reason = "###"
+    _, _, text = await rig.chat([USER], stop=["###"])
+    history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+    await rig.chat(history, stop=["###"])
+    assert kv_in(rig.p.seen[1]) == protocol.miss_params()
+
+
+async def test_completions_reuse_needs_the_prompt_to_extend(make_rig):
+    rig = await make_rig()
+    body = {"model": "m", "prompt": "Once upon a time", "conversation_id": "k"}
+    status, out, _ = await rig.post("/v1/completions", body)
+    text = out["choices"][0]["text"]
+    await rig.post("/v1/completions", {**body, "prompt": "Once upon a time" + text + " and then"})
+    assert kv_in(rig.p.seen[1])["remote_engine_id"] == "d0"
+    status, out, _ = await rig.post("/v1/completions", {**body, "prompt": "Once upon a time" + text})
+    await rig.post("/v1/completions", {**body, "prompt": "Twice upon a time" + text})
+    assert kv_in(rig.p.seen[3]) == protocol.miss_params()
+
+
+async def test_decode_is_sticky_per_conversation(make_rig):
+    rig = await make_rig(n_decode=3)
+    for conv in ("a", "b", "c", "d", "e"):
+        _, _, text = await rig.chat([USER], conv=conv)
+        history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+        await rig.chat(history, conv=conv)
+    by_conv: dict[str, set[str]] = {}
+    for engine in rig.decode:
+        for seen in engine.seen:
+            by_conv.setdefault(seen.headers["X-Request-Id"], set()).add(engine.name)
+    # every replayed prefill named the decode engine that then served the turn
+    for p in rig.p.seen:
+        params = kv_in(p)
+        if params.get("remote_engine_id"):
+            served = [e.name for e in rig.decode for s in e.seen if s.headers["X-Request-Id"] == p.headers["X-Request-Id"]]
+            assert served == [params["remote_engine_id"]]
+    assert rig.metric("duplex_router_kv_reuse_hits_total") == 5
+
+
+async def test_prefill_failure_retries_elsewhere_without_reuse(make_rig):
+    rig = await make_rig(n_prefill=2)
+    _, _, text = await rig.chat([USER])
+    history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+    shared = [500]  # whichever prefill engine the first attempt lands on fails, once
+    for engine in rig.prefill:
+        engine.actions = shared
+    status, _, _ = await rig.chat(history)
+    assert status == 200
+    turn2 = [s for e in rig.prefill for s in e.seen if s.body["messages"] == history]
+    assert len(turn2) == 2
+    assert {s.headers["X-Request-Id"].endswith("-p1") for s in turn2} == {True, False}
+    first = [s for s in turn2 if not s.headers["X-Request-Id"].endswith("-p1")][0]
+    retry = [s for s in turn2 if s.headers["X-Request-Id"].endswith("-p1")][0]
+    assert kv_in(first)["remote_engine_id"] == "d0"  # only the first attempt carried decode's blocks
+    assert kv_in(retry) == protocol.miss_params()
+    assert [e for e in rig.prefill if first in e.seen] != [e for e in rig.prefill if retry in e.seen]
+    assert rig.metric("duplex_router_retries_total", leg="prefill") == 1
+    assert rig.metric("duplex_router_kv_reuse_misses_total", reason="prefill_retry") == 1
+    assert rig.metric("duplex_router_kv_reuse_hits_total") == 0
+
+
+async def test_prefill_failing_everywhere_is_a_502(make_rig):
+    rig = await make_rig(n_prefill=2)
+    for engine in rig.prefill:
+        engine.actions = [500]
+    status, out, _ = await rig.chat([USER])
+    assert status == 502 and out["error"]["type"] == "bad_gateway"
+    assert "127.0.0.1" not in out["error"]["message"]
+    assert sum(len(e.seen) for e in rig.prefill) == 2
+
+
+async def test_prefill_4xx_is_passed_through_without_retry(make_rig):
+    rig = await make_rig(n_prefill=2)
+    for engine in rig.prefill:
+        engine.actions = [400]
+    status, out, _ = await rig.chat([USER])
+    assert status == 400 and out["error"]["message"] == "fake 400"
+    assert sum(len(e.seen) for e in rig.prefill) == 1
+
+
+async def test_unreachable_engines_are_a_503(make_rig):
+    rig = await make_rig()
+    await rig.p.close()
+    status, out, _ = await rig.chat([USER])
+    assert status == 503 and out["error"]["type"] == "service_unavailable"
+
+
+async def test_decode_failure_before_first_byte_reruns_prefill_and_decode(make_rig):
+    rig = await make_rig(n_decode=2)
+    _, _, text = await rig.chat([USER])
+    history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+    first_decode = [e for e in rig.decode if e.seen][0]
+    first_decode.actions = [503]
+    status, out, text2 = await rig.chat(history, stream=True)
+    assert status == 200 and out[-1] == "[DONE]" and text2 == "hello world again"
+    p_calls = rig.p.seen[1:]
+    assert len(p_calls) == 2
+    assert kv_in(p_calls[0])["remote_engine_id"] == first_decode.name
+    assert kv_in(p_calls[1]) == protocol.miss_params()  # a fresh prefill, no replay
+    other = [e for e in rig.decode if e is not first_decode][0]
+    assert len(other.seen) == 1
+    assert rig.metric("duplex_router_retries_total", leg="decode") == 1
+
+
+async def test_decode_dropping_before_first_byte_is_retried(make_rig):
+    rig = await make_rig(n_decode=2)
+    shared = ["drop", None, "drop", None]  # the first decode attempt of each request is dropped
+    for engine in rig.decode:
+        engine.actions = shared
+    results = [await rig.chat([USER], conv=None, stream=s) for s in (True, False)]
+    assert [r[0] for r in results] == [200, 200]
+
+
+async def test_decode_breaking_mid_stream_ends_cleanly(make_rig):
+    rig = await make_rig()
+    rig.d.actions = ["break"]
+    status, events, _ = await rig.chat([USER], stream=True)
+    assert status == 200
+    assert events[-1] == "[DONE]"
+    assert events[-2]["error"]["code"] == 502
+    assert events[1]["choices"][0]["delta"]["content"] == "hello"
+    assert await rig.router.store.size() == 0  # a broken turn stores nothing
+    assert rig.metric("duplex_router_backend_errors_total", leg="decode", kind="broken_stream") == 1
+
+
+async def test_decode_stream_without_done_gets_an_error_event(make_rig):
+    rig = await make_rig()
+    rig.d.actions = ["trailing_garbage"]
+    status, events, _ = await rig.chat([USER], stream=True)
+    assert status == 200 and events[-1] == "[DONE]" and "error" in events[-2]
+
+
+async def test_decode_failing_everywhere_is_a_502(make_rig):
+    rig = await make_rig()
+    rig.d.actions = [500, 500]
+    status, out, _ = await rig.chat([USER])
+    assert status == 502 and out["error"]["message"].startswith("The decode engine failed")
+    assert len(rig.p.seen) == 2 and len(rig.d.seen) == 2
+
+
+async def test_expired_entries_are_not_replayed(make_rig):
+    rig = await make_rig(conversation={"ttl_seconds": 0.2, "engine_blocks_ttl_seconds": 1})
+    _, _, text = await rig.chat([USER])
+    await asyncio.sleep(0.3)
+    history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+    await rig.chat(history)
+    assert kv_in(rig.p.seen[1]) == protocol.miss_params()
+    assert rig.metric("duplex_router_kv_reuse_misses_total", reason="expired") == 1
+
+
+async def test_departed_decode_engine_drops_its_entries(make_rig):
+    rig = await make_rig(n_decode=2)
+    texts = {}
+    for conv in ("a", "b", "c", "d"):
+        texts[conv] = (await rig.chat([USER], conv=conv))[2]
+    gone = rig.decode[0]
+    config = rig.router.config.model_copy(update={"decode": [rig.decode[1].url]})
+    await rig.router.apply(config)
+    await rig.router.engines.settle()
+    dropped = rig.metric("duplex_router_store_dropped_entries_total")
+    assert dropped == len(gone.seen)
+    for conv, text in texts.items():
+        history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+        await rig.chat(history, conv=conv)
+    assert rig.metric("duplex_router_kv_reuse_misses_total", reason="endpoint_gone") == len(gone.seen)
+    assert rig.metric("duplex_router_kv_reuse_hits_total") == 4 - len(gone.seen)
+
+
+async def test_ready_health_models_metrics(make_rig):
+    rig = await make_rig()
+    async with rig.session.get(rig.url + "/health") as r:
+        assert r.status == 200
+    async with rig.session.get(rig.url + "/ready") as r:
+        body = await r.json()
+        assert r.status == 200 and body["ready"] and body["store"]["kind"] == "memory"
+    async with rig.session.get(rig.url + "/v1/models") as r:
+        assert (await r.json())["data"][0]["id"] == "m"
+    rig.d.health_status = 500
+    await rig.router.prober.probe_all()
+    async with rig.session.get(rig.url + "/ready") as r:
+        body = await r.json()
+        assert r.status == 503 and not body["ready"] and body["decode"]["healthy"] == 0
+    await rig.chat([USER], conv=None)
+    async with rig.session.get(rig.url + "/metrics") as r:
+        text = await r.text()
+    for name in ("duplex_router_requests_total", "duplex_router_time_to_first_token_seconds_bucket",
+                 "duplex_router_request_duration_seconds_bucket", "duplex_router_inflight_requests",
+                 "duplex_router_store_entries", "duplex_router_kv_reuse_misses_total"):
+        assert name in text
+
+
+async def test_served_model_names(make_rig):
+    rig = await make_rig(served_model_names=["m"])
+    async with rig.session.get(rig.url + "/v1/models") as r:
+        assert [m["id"] for m in (await r.json())["data"]] == ["m"]
+    status, out, _ = await rig.post("/v1/chat/completions", {"model": "nope", "messages": [USER]})
+    assert status == 404 and out["error"]["code"] == "model_not_found"
+
+
+async def test_sockets_have_nagle_off_and_connections_are_reused(make_rig):
+    rig = await make_rig()
+    for _ in range(3):
+        await rig.chat([USER], conv=None)
+    connector = rig.router.session.connector
+    transports = [proto.transport for conns in connector._conns.values() for proto, _ in conns]
+    assert transports, "connections go back to the pool"
+    for transport in transports:
+        sock = transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    assert len(transports) <= 2  # one per engine, reused
+
+
+async def test_small_requests_do_not_wait_for_delayed_acks(make_rig):
+    rig = await make_rig()
+    await rig.chat([USER], conv=None)
+    times = []
+    for _ in range(15):
+        t = time.perf_counter()
+        await rig.chat([USER], conv=None)
+        times.append(time.perf_counter() - t)
+    # Nagle + delayed ACK would add ~40 ms to every request.
+    assert statistics.median(times) < 0.035, times
+
+
+async def test_memory_store_is_the_default(make_rig):
+    rig = await make_rig()
+    assert isinstance(rig.router.store, MemoryStore)
