@@ -11,6 +11,8 @@ from typing import Any
 from kubernetes.utils import parse_quantity
 
 _EMPTY = (None, [], {}, "")
+# The API server omits zero values (omitempty), so an absent live field covers a desired false or 0.
+_ZERO = (False, 0)
 
 
 def _same_scalar(live: Any, desired: Any) -> bool:
@@ -29,6 +31,8 @@ def _same_scalar(live: Any, desired: Any) -> bool:
 def covers(live: Any, desired: Any) -> bool:
     """True when every field of desired is present in live with an equal value (lists element by element)."""
     if desired in _EMPTY and live in _EMPTY:
+        return True
+    if live is None and any(desired is z or (type(desired) is type(z) and desired == z) for z in _ZERO):
         return True
     if isinstance(desired, dict):
         return isinstance(live, dict) and all(covers(live.get(k), v) for k, v in desired.items())

@@ -47,8 +47,15 @@ def _factory_default(cls: type[BaseModel], prop_alias: str) -> Any:
         if (field.alias or name) == prop_alias and field.default_factory is not None:
             value = field.default_factory()  # type: ignore[call-arg]
             if isinstance(value, BaseModel):
-                return {}
+                # The fully defaulted object: the API server checks a default against the CEL rules as written.
+                return _prune(value.model_dump(by_alias=True, exclude_none=True, mode="json"))
     return None
+
+
+def _prune(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _prune(v) for k, v in value.items() if v not in ([], {})}
+    return value
 
 
 class _Converter:

@@ -50,6 +50,27 @@ def _wake(namespace: str | None, name: str | None) -> None:
         event.set()
 
 
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """An explicit --kubeconfig wins; otherwise kopf's usual in-cluster/kubeconfig discovery."""
+    path = os.environ.get("DUPLEX_KUBECONFIG")
+    if not path:
+        return kopf.login_via_client(**kwargs)
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=path, client_configuration=cfg)
+    token = (cfg.api_key or {}).get("authorization", "").removeprefix("Bearer ").strip() or None
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        token=token,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+    )
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = f"{GROUP}/operator"
@@ -80,17 +101,25 @@ async def serve(name: str, namespace: str, body: kopf.Body, stopped: kopf.Daemon
                 metrics.RECONCILE_ERRORS.labels("transient").inc()
                 log.warning("%s/%s: transient API error, retrying in %.0fs: %s", namespace, name, backoff, err)
                 delay, backoff = backoff, min(backoff * 2, MAX_BACKOFF_SECONDS)
-            except Exception:  # never let one bad pass kill the loop
-                metrics.RECONCILE_ERRORS.labels("unexpected").inc()
-                log.exception("%s/%s: reconcile failed, retrying in %.0fs", namespace, name, backoff)
-                delay, backoff = backoff, min(backoff * 2, MAX_BACKOFF_SECONDS)
-            try:
-                await asyncio.wait_for(wakeup.wait(), timeout=delay)
-            except asyncio.TimeoutError:
-                pass
+            except Exception as err:  # never let one bad pass kill the loop
+                if "is being terminated" in str(err):
+                    log.info("%s/%s: namespace is terminating; nothing to converge", namespace, name)
+                    delay = RESYNC_SECONDS
+                else:
+                    metrics.RECONCILE_ERRORS.labels("unexpected").inc()
+                    log.exception("%s/%s: reconcile failed, retrying in %.0fs", namespace, name, backoff)
+                    delay, backoff = backoff, min(backoff * 2, MAX_BACKOFF_SECONDS)
+            await _sleep_or_wake(wakeup, delay)
     finally:
         metrics.SERVINGS.dec()
         _wakeups.pop(key, None)
+
+
+async def _sleep_or_wake(wakeup: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(wakeup.wait(), timeout=seconds)
+    except asyncio.TimeoutError:
+        pass
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

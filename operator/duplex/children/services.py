@@ -16,7 +16,6 @@ def engine_service(spec: DisaggregatedServingSpec, serving: str, namespace: str,
         "spec": {
             "clusterIP": "None",
             "selector": selector(serving, role),
-            "publishNotReadyAddresses": False,
             "ports": [
                 {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
                 {

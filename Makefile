@@ -1,0 +1,54 @@
+# duplex: `make run` (demo on a local control plane) and `make test` (every tier) each set up what they need.
+SHELL := /bin/bash
+VENV  := .venv
+PY    := $(VENV)/bin/python
+STAMP := $(VENV)/.setup-done
+
+.PHONY: setup run test test-unit test-cluster test-vllm crds crds-check render cluster-up cluster-down bench bench-router clean
+
+$(STAMP): pyproject.toml hack/setup.sh hack/build-tools.sh
+	bash hack/setup.sh
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+## The main job: local control plane + fake EFA nodes, operator, the seed DisaggregatedServing, router and simulated engines.
+run: $(STAMP)
+	bash hack/demo.sh
+
+## Every tier: unit, real control plane, real NIXL, real Redis, vLLM's own parser.
+test: $(STAMP)
+	$(VENV)/bin/pytest -q -rfE
+
+test-unit: $(STAMP)
+	$(VENV)/bin/pytest -q tests/unit
+
+test-cluster: $(STAMP)
+	$(VENV)/bin/pytest -q -m cluster
+
+test-vllm: $(STAMP)
+	$(VENV)/bin/pytest -q tests/vllm
+
+crds: $(STAMP)
+	$(VENV)/bin/duplex crds -o crds
+
+crds-check: $(STAMP)
+	@$(VENV)/bin/duplex crds | diff -u crds/duplex.dev_disaggregatedservings.yaml - && echo "crds/ is up to date"
+
+render: $(STAMP)
+	$(VENV)/bin/duplex render -f examples/seed.yaml
+
+cluster-up: $(STAMP)
+	$(VENV)/bin/duplex cluster up
+
+cluster-down: $(STAMP)
+	$(VENV)/bin/duplex cluster down
+
+bench: bench-router
+
+bench-router: $(STAMP)
+	$(PY) bench/router_bench.py
+
+clean:
+	-$(VENV)/bin/duplex cluster down
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,125 @@
+"""Run `duplex operator` as a subprocess against the local control plane, under the chart's ClusterRole."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+OPERATOR_USER = "duplex-operator"
+CLUSTER_ROLE = ROOT / "charts/duplex/templates/clusterrole.yaml"
+CRD = ROOT / "crds/duplex.dev_disaggregatedservings.yaml"
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def install_crd_and_rbac(kubectl: Any) -> None:
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    kubectl("wait", "--for=condition=Established", "crd/disaggregatedservings.duplex.dev", "--timeout=60s")
+    kubectl("apply", "-f", str(CLUSTER_ROLE))
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "duplex-operator-test"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "duplex-operator"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}],
+    }
+    kubectl("apply", "-f", "-", input=yaml.safe_dump(binding))
+
+
+class OperatorProcess:
+    """One `duplex operator --all-namespaces` process with its own log; restartable."""
+
+    def __init__(self, kubeconfig: Path, log_dir: Path, resync_seconds: float = 2.0) -> None:
+        self.kubeconfig = kubeconfig
+        self.log_path = log_dir / "operator.log"
+        self.resync_seconds = resync_seconds
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.metrics_port = 0
+
+    def start(self) -> None:
+        self.metrics_port = free_port()
+        argv = [
+            sys.executable, "-m", "duplex.cli", "operator", "--all-namespaces",
+            "--kubeconfig", str(self.kubeconfig), "--metrics-port", str(self.metrics_port), "--health-port", "0",
+            "--resync-seconds", str(self.resync_seconds),
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def kill(self) -> None:
+        """SIGKILL: no graceful shutdown, as a crashed pod would get."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.proc = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def operator_writes(audit_log: Path, since: float, namespace: str | None = None) -> list[dict[str, Any]]:
+    """Write requests the operator's identity made after `since` (epoch seconds), from the API server audit log."""
+    out = []
+    with open(audit_log, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if ev.get("stage") != "ResponseComplete" or ev.get("verb") not in WRITE_VERBS:
+                continue
+            if (ev.get("user") or {}).get("username") != OPERATOR_USER:
+                continue
+            ref = ev.get("objectRef") or {}
+            if namespace and ref.get("namespace") != namespace:
+                continue
+            if _epoch(ev.get("requestReceivedTimestamp", "")) < since:
+                continue
+            out.append(ev)
+    return out
+
+
+def _epoch(stamp: str) -> float:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def wait_seconds(seconds: float) -> None:
+    """An observation window (the assertion is about what happens during it), not a synchronisation sleep."""
+    time.sleep(seconds)
