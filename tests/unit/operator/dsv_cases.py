@@ -1,0 +1,250 @@
+"""Spec documents and value tables shared by the spec, CRD and schema tests: one place to extend when a field is added."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any, Iterator
+
+from pydantic import BaseModel
+
+from duplex.api.spec import DisaggregatedServingSpec
+
+from dsv_helpers import merge
+
+
+# Every field set to a value other than its default. Exactly-one-of pairs are split across FULL and FULL_ALT.
+FULL: dict[str, Any] = {
+    "model": {
+        "name": "Qwen/Qwen3-32B",
+        "servedModelName": "qwen",
+        "image": "registry.example/vllm:1",
+        "imagePullPolicy": "Always",
+        "dtype": "bfloat16",
+        "maxModelLen": 32768,
+        "blockSize": 32,
+        "hfTokenSecret": {"name": "hf", "key": "token"},
+        "cache": {"pvc": {"claimName": "weights", "readOnly": False}, "mountPath": "/cache"},
+        "env": [{"name": "A", "value": "1"}, {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+        "extraArgs": ["--enforce-eager"],
+    },
+    "prefill": {
+        "replicas": 2,
+        "tensorParallelSize": 4,
+        "accelerator": {"type": "nvidia.com/gpu", "count": 4},
+        "cpu": "32",
+        "memory": "256Gi",
+        "gpuMemoryUtilization": 0.85,
+        "enablePrefixCaching": False,
+        "maxNumSeqs": 16,
+        "maxNumBatchedTokens": 8192,
+        "nodeSelector": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"]}]}]}}},
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                       "whenUnsatisfiable": "ScheduleAnyway"}],
+        "priorityClassName": "high",
+        "rollout": {"maxSurge": 0, "maxUnavailable": 1},
+        "env": [{"name": "P", "value": "p"}, {"name": "P2", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}],
+        "extraArgs": ["--max-num-partial-prefills", "2"],
+    },
+    "decode": {
+        "replicas": 3,
+        "tensorParallelSize": 8,
+        "accelerator": {"type": "aws.amazon.com/neuron", "count": 8},
+        "cpu": "64",
+        "memory": "512Gi",
+        "gpuMemoryUtilization": 0.8,
+        "enablePrefixCaching": False,
+        "maxNumSeqs": 64,
+        "maxNumBatchedTokens": 4096,
+        "nodeSelector": {"pool": "decode"},
+        "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+        "affinity": {"podAntiAffinity": {}},
+        "topologySpreadConstraints": [{"maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone",
+                                       "whenUnsatisfiable": "DoNotSchedule"}],
+        "priorityClassName": "higher",
+        "rollout": {"maxSurge": 2, "maxUnavailable": 1},
+        "env": [{"name": "D", "value": "d"}, {"name": "D2", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+        "extraArgs": ["--swap-space", "8"],
+    },
+    "network": {
+        "efa": {
+            "enabled": True,
+            "devicesPerPod": 32,
+            "hugepages2Mi": "8Gi",
+            "shmSize": "32Gi",
+            "privileged": True,
+            "forkSafe": False,
+            "libraryPath": "/opt/efa/lib",
+            "sameZone": False,
+        }
+    },
+    "kvTransfer": {
+        "connector": "NixlConnector",
+        "backend": "UCX",
+        "bufferDevice": "cpu",
+        "bidirectional": False,
+        "decodeBlocksTTL": 900,
+        "recomputeThreshold": 0,
+        "leaseDuration": 45,
+        "loadFailurePolicy": "fail",
+        "sideChannelPort": 5700,
+        "allowDecodeTPBelowPrefill": True,
+    },
+    "router": {
+        "replicas": 3,
+        "image": "registry.example/duplex:2",
+        "cpu": "2",
+        "memory": "2Gi",
+        "service": {"type": "LoadBalancer", "port": 80, "annotations": {"a": "b"}},
+        "conversation": {"bodyField": "conv", "header": "X-Conv", "tenantHeader": "X-Tenant", "ttl": 600},
+        "store": {"type": "redis", "maxEntries": 10, "redis": {"url": "redis://redis:6379/0"}},
+        "nodeSelector": {"pool": "cpu"},
+        "tolerations": [{"key": "cpu", "operator": "Exists"}],
+        "maxBodyBytes": 2048,
+    },
+}
+
+FULL_ALT: dict[str, Any] = merge(FULL, {
+    "model": {"cache": {"pvc": None, "hostPath": {"path": "/mnt/raid0"}}},
+    "prefill": {"accelerator": {"type": "aws.amazon.com/neuron"}},
+    "kvTransfer": {"backend": "LIBFABRIC", "bufferDevice": "cuda"},
+    "router": {"store": {"redis": {"url": None, "urlSecret": {"name": "redis", "key": "url"}}}},
+})
+
+
+def drop_none(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: drop_none(v) for k, v in d.items() if v is not None}
+    if isinstance(d, list):
+        return [drop_none(v) for v in d]
+    return d
+
+
+FULL_ALT = drop_none(FULL_ALT)
+
+DEFAULTS: dict[str, Any] = {
+    "model": {
+        "name": "org/model", "servedModelName": None, "image": "vllm/vllm-openai:v0.33.0",
+        "imagePullPolicy": "IfNotPresent", "dtype": "auto", "maxModelLen": None, "blockSize": 16,
+        "hfTokenSecret": None, "cache": None, "env": [], "extraArgs": [],
+    },
+    **{
+        role: {
+            "replicas": 1, "tensorParallelSize": 1, "accelerator": {"type": "nvidia.com/gpu", "count": None},
+            "cpu": None, "memory": None, "gpuMemoryUtilization": 0.9, "enablePrefixCaching": True,
+            "maxNumSeqs": None, "maxNumBatchedTokens": None, "nodeSelector": {}, "tolerations": [],
+            "affinity": None, "topologySpreadConstraints": [], "priorityClassName": None,
+            "rollout": {"maxSurge": 1, "maxUnavailable": 0}, "env": [], "extraArgs": [],
+        }
+        for role in ("prefill", "decode")
+    },
+    "network": {"efa": {
+        "enabled": False, "devicesPerPod": 16, "hugepages2Mi": "5120Mi", "shmSize": "64Gi", "privileged": False,
+        "forkSafe": True, "libraryPath": "/opt/amazon/efa/lib:/opt/amazon/efa/lib64", "sameZone": True,
+    }},
+    "kvTransfer": {
+        "connector": "NixlConnector", "backend": None, "bufferDevice": None, "bidirectional": True,
+        "decodeBlocksTTL": 480, "recomputeThreshold": 64, "leaseDuration": 30, "loadFailurePolicy": "recompute",
+        "sideChannelPort": 5600, "allowDecodeTPBelowPrefill": False,
+    },
+    "router": {
+        "replicas": 1, "image": "ghcr.io/duplex-dev/duplex:0.1.0", "cpu": "1", "memory": "1Gi",
+        "service": {"type": "ClusterIP", "port": 8000, "annotations": {}},
+        "conversation": {"bodyField": "conversation_id", "header": "X-Conversation-Id",
+                         "tenantHeader": "Authorization", "ttl": None},
+        "store": {"type": "memory", "maxEntries": 1_000_000, "redis": None},
+        "nodeSelector": {}, "tolerations": [], "maxBodyBytes": 32 * 1024 * 1024,
+    },
+}
+
+
+def _models_in(annotation: Any) -> list[tuple[type[BaseModel], bool]]:
+    """(model class, inside a list) for every model an annotation refers to."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [(annotation, False)]
+    origin = typing.get_origin(annotation)
+    found = []
+    for arg in typing.get_args(annotation):
+        for cls, in_list in _models_in(arg):
+            found.append((cls, in_list or origin is list))
+    return found
+
+
+def model_paths(cls: type[BaseModel] = DisaggregatedServingSpec, path: tuple[Any, ...] = ()
+                ) -> Iterator[tuple[tuple[Any, ...], type[BaseModel]]]:
+    """Every place in a spec document where an API model (not a pass-through Kubernetes object) sits."""
+    yield path, cls
+    for name, field in cls.model_fields.items():
+        alias = field.alias or name
+        for sub, in_list in _models_in(field.annotation):
+            yield from model_paths(sub, path + ((alias, 0) if in_list else (alias,)))
+
+
+def get_in(d: Any, path: tuple[Any, ...]) -> Any:
+    for p in path:
+        d = d[p]
+    return d
+
+
+def fmt(path: tuple[Any, ...]) -> str:
+    return "spec" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
+
+
+def field_paths(cls: type[BaseModel] = DisaggregatedServingSpec, prefix: str = "") -> set[str]:
+    out = set()
+    for name, field in cls.model_fields.items():
+        path = prefix + (field.alias or name)
+        out.add(path)
+        for sub, in_list in _models_in(field.annotation):
+            out |= field_paths(sub, path + ("[]." if in_list else "."))
+    return out
+
+
+ALLOW_TP = {"kvTransfer": {"allowDecodeTPBelowPrefill": True}}
+REDIS = {"router": {"store": {"type": "redis", "redis": {"url": "redis://r:6379"}}}}
+
+# (field path, too low, lowest accepted, highest accepted, too high, patch making the accepted values valid)
+BOUNDS: list[tuple[str, Any, Any, Any, Any, dict[str, Any]]] = [
+    ("prefill.replicas", -1, 0, 1000, 1001, {}),
+    ("decode.replicas", -1, 0, 1000, 1001, {}),
+    ("prefill.tensorParallelSize", 0, 1, 64, 65, ALLOW_TP),
+    ("decode.tensorParallelSize", 0, 1, 64, 65, {}),
+    ("prefill.accelerator.count", 0, 1, 64, 65, {}),
+    ("decode.accelerator.count", 0, 1, 64, 65, {}),
+    ("prefill.gpuMemoryUtilization", 0, 0.01, 1, 1.01, {}),
+    ("decode.gpuMemoryUtilization", -0.5, 0.01, 1, 1.5, {}),
+    ("prefill.maxNumSeqs", 0, 1, 65536, 65537, {}),
+    ("decode.maxNumBatchedTokens", 0, 1, 16_777_216, 16_777_217, {}),
+    ("prefill.rollout.maxSurge", -1, 0, 100, 101, {"prefill": {"rollout": {"maxUnavailable": 1}}}),
+    ("decode.rollout.maxUnavailable", -1, 0, 100, 101, {}),
+    ("model.maxModelLen", 0, 1, 16_777_216, 16_777_217, {}),
+    ("network.efa.devicesPerPod", 0, 1, 64, 65, {}),
+    ("kvTransfer.decodeBlocksTTL", 59, 60, 86400, 86401, {}),
+    ("kvTransfer.recomputeThreshold", -1, 0, 1_048_576, 1_048_577, {}),
+    ("kvTransfer.leaseDuration", 5, 6, 3600, 3601, {}),
+    ("kvTransfer.sideChannelPort", 1023, 1024, 65535, 65536, {}),
+    ("router.replicas", -1, 0, 100, 101, REDIS),
+    ("router.service.port", 0, 1, 65535, 65536, {}),
+    ("router.conversation.ttl", 0, 1, 86399, 86401, {"kvTransfer": {"decodeBlocksTTL": 86400}}),
+    ("router.store.maxEntries", 0, 1, 100_000_000, 100_000_001, {}),
+    ("router.maxBodyBytes", 1023, 1024, 1024**3, 1024**3 + 1, {}),
+]
+
+
+ENUMS: list[tuple[str, Any, list[Any]]] = [
+    ("model.imagePullPolicy", "Sometimes", ["Always", "IfNotPresent", "Never"]),
+    ("model.dtype", "int8", ["auto", "half", "float16", "bfloat16", "float", "float32"]),
+    ("model.blockSize", 24, [1, 8, 16, 32, 64, 128]),
+    ("prefill.accelerator.type", "amd.com/gpu", ["nvidia.com/gpu", "aws.amazon.com/neuron"]),
+    ("kvTransfer.connector", "LMCacheConnectorV1", ["NixlConnector"]),
+    ("kvTransfer.backend", "GDS", ["UCX", "LIBFABRIC"]),
+    ("kvTransfer.bufferDevice", "xpu", ["cuda", "cpu"]),
+    ("kvTransfer.loadFailurePolicy", "retry", ["recompute", "fail"]),
+    ("router.service.type", "ExternalName", ["ClusterIP", "NodePort", "LoadBalancer"]),
+    ("router.store.type", "etcd", ["memory"]),
+]
+
+QUANTITIES = ["prefill.cpu", "decode.memory", "network.efa.hugepages2Mi", "network.efa.shmSize", "router.cpu",
+              "router.memory"]
