@@ -17,6 +17,15 @@ HEALTH_PATHS = "/healthz,/readyz,/livez,/metrics"
 # Start order; `down` stops in reverse.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
+# The identity (client cert user, groups) each API client component runs as. The first two are the users the
+# apiserver's bootstrap RBAC policy grants exactly what those components need; kwok plays every kubelet, so it is an
+# admin. Distinct users keep the audit log readable: a test can tell its own writes from the control plane's.
+IDENTITIES = {
+    "kube-controller-manager": ("system:kube-controller-manager", ()),
+    "kube-scheduler": ("system:kube-scheduler", ()),
+    "kwok": ("kwok-controller", ("system:masters",)),
+}
+
 # Every request at Metadata level: who did which verb on which object, never bodies (tests count write verbs).
 AUDIT_POLICY = """\
 apiVersion: audit.k8s.io/v1
@@ -49,6 +58,9 @@ class Layout:
     def kubeconfig(self) -> Path:
         return self.root / "kubeconfig"
 
+    def component_kubeconfig(self, component: str) -> Path:
+        return self.root / "kubeconfigs" / f"{component}.kubeconfig"
+
     @property
     def users_dir(self) -> Path:
         return self.root / "users"
@@ -78,8 +90,8 @@ class Layout:
 
     def runtime_paths(self) -> list[Path]:
         """Everything `down` removes (the logs stay for post-mortems)."""
-        return [self.state_file, self.pki.root, self.kubeconfig, self.users_dir, self.etcd_data, self.audit_policy,
-                self.audit_log, self.apiserver_cert_dir]
+        return [self.state_file, self.pki.root, self.kubeconfig, self.root / "kubeconfigs", self.users_dir,
+                self.etcd_data, self.audit_policy, self.audit_log, self.apiserver_cert_dir]
 
 
 @dataclass(frozen=True)
@@ -98,7 +110,7 @@ class Ports:
 
 def argv(component: str, layout: Layout, ports: Ports, bin_dir: Path) -> list[str]:
     pki = layout.pki
-    kubeconfig = str(layout.kubeconfig)
+    kubeconfig = str(layout.component_kubeconfig(component))
     if component == "etcd":
         client = f"http://127.0.0.1:{ports.etcd_client}"
         peer = f"http://127.0.0.1:{ports.etcd_peer}"
@@ -161,6 +173,8 @@ def argv(component: str, layout: Layout, ports: Ports, bin_dir: Path) -> list[st
             f"--secure-port={ports.controller_manager}",
             "--leader-elect=false",
             "--controllers=*",
+            # Each controller acts as its own ServiceAccount, as on kubeadm/EKS: the audit log names the controller.
+            "--use-service-account-credentials=true",
             f"--root-ca-file={pki.ca_cert}",
             f"--service-account-private-key-file={pki.sa_key}",
             f"--cluster-signing-cert-file={pki.ca_cert}",

@@ -209,7 +209,11 @@ class LocalCluster:
         pki.write_kubeconfig(layout.kubeconfig, pki.kubeconfig(
             ports.server, layout.pki.ca_cert.read_bytes(), "duplex-admin",
             cert_pem=layout.pki.admin_cert.read_bytes(), key_pem=layout.pki.admin_key.read_bytes()))
-        self._say(f"PKI and kubeconfig written to {layout.root}")
+        for name, (user, groups) in components.IDENTITIES.items():
+            cert, key = pki.client_cert(layout.pki, user, groups)
+            pki.write_kubeconfig(layout.component_kubeconfig(name), pki.kubeconfig(
+                ports.server, layout.pki.ca_cert.read_bytes(), user, cert_pem=cert, key_pem=key))
+        self._say(f"PKI and kubeconfigs written to {layout.root}")
         state = {
             "version": STATE_VERSION,
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
