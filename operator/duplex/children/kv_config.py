@@ -32,7 +32,9 @@ def kv_transfer_config(spec: DisaggregatedServingSpec, role: str) -> dict[str, A
     kv = spec.kv_transfer
     return {
         "kv_connector": kv.connector,
-        "kv_role": "kv_both",  # NixlConnector decides P or D per request; bidirectional roles do both
+        # NixlConnector decides P or D per request from kv_transfer_params; vLLM 0.33 deprecates kv_both and asks
+        # for the role the engine is deployed as.
+        "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
         "kv_buffer_device": buffer_device(spec, role),
         "kv_load_failure_policy": kv.load_failure_policy,
         "kv_connector_extra_config": {
