@@ -85,13 +85,17 @@ class Layout:
     def apiserver_cert_dir(self) -> Path:
         return self.root / "apiserver-certs"
 
+    def pid_file(self, component: str) -> Path:
+        """For shell users; state.json is what LocalCluster trusts (it also records each process's start time)."""
+        return self.root / "pids" / f"{component}.pid"
+
     def log(self, component: str) -> Path:
         return self.logs_dir / f"{component}.log"
 
     def runtime_paths(self) -> list[Path]:
         """Everything `down` removes (the logs stay for post-mortems)."""
         return [self.state_file, self.pki.root, self.kubeconfig, self.root / "kubeconfigs", self.users_dir,
-                self.etcd_data, self.audit_policy, self.audit_log, self.apiserver_cert_dir]
+                self.root / "pids", self.etcd_data, self.audit_policy, self.audit_log, self.apiserver_cert_dir]
 
 
 @dataclass(frozen=True)

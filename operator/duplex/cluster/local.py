@@ -197,7 +197,15 @@ class LocalCluster:
             bin_dir = tools.build_or_reuse(self._bin_dir) if build else tools.locate(self._bin_dir)
             self._bin_dir = bin_dir
             self._say(f"binaries from {bin_dir}")
-            self._start(bin_dir, timeout)
+            deadline = time.monotonic() + timeout
+            try:
+                self._start(bin_dir, timeout)
+            except ClusterError as err:
+                # Free ports are picked before the components bind them; another process may win that race once.
+                if "address already in use" not in err.log_tail:
+                    raise
+                self._say(f"{err.component} lost a port race; retrying once with fresh ports")
+                self._start(bin_dir, max(1.0, deadline - time.monotonic()))
 
     def _start(self, bin_dir: Path, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -264,6 +272,7 @@ class LocalCluster:
             new = processes.spawn(record.argv, Path(record.log), append_log=True)
             state["processes"]["kube-apiserver"] = new.to_json()
             self._save_state(state)
+            self._write_pid_file("kube-apiserver", new)
             self._await_component(state, "kube-apiserver", Ports(**state["ports"]), time.monotonic() + timeout)
 
     def status(self, with_nodes: bool = True) -> ClusterStatus:
@@ -367,7 +376,13 @@ class LocalCluster:
         record = processes.spawn(argv, self.layout.log(name))
         state["processes"][name] = record.to_json()
         self._save_state(state)
+        self._write_pid_file(name, record)
         self._say(f"{name} started (pid {record.pid}), log {record.log}")
+
+    def _write_pid_file(self, name: str, record: ProcessRecord) -> None:
+        path = self.layout.pid_file(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{record.pid}\n")
 
     def _await_component(self, state: dict, name: str, ports: Ports, deadline: float) -> None:
         record = ProcessRecord.from_json(state["processes"][name])
