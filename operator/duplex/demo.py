@@ -1,0 +1,228 @@
+"""`duplex demo` (what `make run` runs): local control plane with fake EFA nodes, the operator, the seed
+DisaggregatedServing, then a live multi-turn agentic chat through the router the operator configured, against two
+simulated engines that move KV blocks over real NIXL."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from duplex.cluster import ClusterError, LocalCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "duplex-demo"
+SERVING = "qwen3-32b"
+OPERATOR_USER = "duplex-operator"
+# A cost model shaped like Qwen3-32B on 8 GPUs: prefill is per token plus attention growth; decode per token.
+SIM_COST = ["--prefill-us-per-token", "60", "--prefill-attention-us-per-token2", "0.004",
+            "--decode-us-per-token", "2000", "--transfer-gbps", "25"]  # fmt: skip
+T0 = time.monotonic()
+
+
+def say(text: str) -> None:
+    print(f"[demo +{time.monotonic() - T0:6.1f}s] {text}", flush=True)
+
+
+def kubectl(cluster: LocalCluster, *args: str, input: str | None = None, check: bool = True) -> str:
+    proc = subprocess.run([str(cluster.kubectl), f"--kubeconfig={cluster.kubeconfig}", *args], input=input,
+                          capture_output=True, text=True, timeout=120)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def install(cluster: LocalCluster) -> None:
+    say("installing the CRD (crds/) and the operator's ClusterRole (charts/duplex/templates/clusterrole.yaml)")
+    kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    kubectl(cluster, "wait", "--for=condition=Established", "crd/disaggregatedservings.duplex.dev", "--timeout=60s")
+    kubectl(cluster, "apply", "-f", str(ROOT / "charts/duplex/templates/clusterrole.yaml"))
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "duplex-operator-demo"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "duplex-operator"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}],
+    }  # fmt: skip
+    kubectl(cluster, "apply", "-f", "-", input=yaml.safe_dump(binding))
+
+
+def start_operator(cluster: LocalCluster) -> subprocess.Popen[bytes]:
+    kubeconfig = cluster.kubeconfig_for_user(OPERATOR_USER)
+    log_path = cluster.state_dir / "logs" / "operator.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    say(f"starting the operator as user {OPERATOR_USER} (the chart's ClusterRole only); log {log_path}")
+    argv = [sys.executable, "-m", "duplex.cli", "operator", "--all-namespaces", "--kubeconfig", str(kubeconfig),
+            "--metrics-port", "0", "--health-port", "0"]  # fmt: skip
+    return subprocess.Popen(argv, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def apply_example(cluster: LocalCluster, example: Path) -> None:
+    say(f"applying {example.relative_to(ROOT)} in namespace {NAMESPACE}")
+    kubectl(cluster, "create", "namespace", NAMESPACE, check=False)
+    kubectl(cluster, "-n", NAMESPACE, "create", "secret", "generic", "hf-token", "--from-literal=token=demo",
+            check=False)
+    kubectl(cluster, "-n", NAMESPACE, "apply", "-f", str(example))
+
+
+def wait_ready(cluster: LocalCluster, timeout: float = 180.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        obj = json.loads(kubectl(cluster, "-n", NAMESPACE, "get", "dsv", SERVING, "-o", "json"))
+        conds = {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}
+        ready = conds.get("Ready", {})
+        line = f"Ready={ready.get('status', '?')} ({ready.get('message', 'no status yet')})"
+        if line != last:
+            say(line)
+            last = line
+        if ready.get("status") == "True":
+            return obj
+        time.sleep(1)
+    raise RuntimeError(f"{SERVING} not Ready after {timeout:.0f}s: {last}")
+
+
+def show(cluster: LocalCluster) -> None:
+    print()
+    print(kubectl(cluster, "-n", NAMESPACE, "get", "dsv,deploy,svc,pods", "-o", "wide"))
+    obj = json.loads(kubectl(cluster, "-n", NAMESPACE, "get", "dsv", SERVING, "-o", "json"))
+    print("status.effectiveKV:", json.dumps(obj["status"]["effectiveKV"]))
+    for c in obj["status"]["conditions"]:
+        print(f"  {c['type']:<13} {c['status']:<6} {c['reason']:<20} {c['message']}")
+    print()
+
+
+# ---------------------------------------------------------------- live multi-turn chat
+
+
+def router_config_from_cluster(cluster: LocalCluster, prefill: str, decode: str) -> dict[str, Any]:
+    """The router config the operator rendered, with EndpointSlice discovery swapped for the local engines."""
+    cm = json.loads(kubectl(cluster, "-n", NAMESPACE, "get", "configmap", f"{SERVING}-router", "-o", "json"))
+    config = json.loads(cm["data"]["router.json"])
+    config["discovery"] = None
+    config["prefill"], config["decode"] = [prefill], [decode]
+    config["host"] = "127.0.0.1"
+    config["served_model_names"] = ["sim"]
+    return config
+
+
+def tool_output(turn: int) -> str:
+    words = [f"line{turn}_{i} value{(turn * 7919 + i) % 1000}" for i in range(400)]
+    return "\n".join(" ".join(words[i : i + 8]) for i in range(0, len(words), 8))
+
+
+async def chat(url: str, conversation_id: str | None, turns: int) -> list[dict[str, Any]]:
+    import aiohttp
+
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent. Use the tools."}]
+    out = []
+    async with aiohttp.ClientSession() as http:
+        for turn in range(1, turns + 1):
+            messages.append({"role": "user", "content": f"Step {turn}: read the next file and summarise it."})
+            if turn > 1:
+                call_id = f"call_{turn}"
+                messages.append({"role": "assistant", "content": None, "tool_calls": [
+                    {"id": call_id, "type": "function", "function": {"name": "read_file", "arguments": json.dumps({"path": f"src/mod{turn}.py"})}}]})  # noqa: E501
+                messages.append({"role": "tool", "tool_call_id": call_id, "content": tool_output(turn)})
+            body: dict[str, Any] = {"model": "sim", "messages": messages, "max_tokens": 24, "stream": True,
+                                    "stream_options": {"include_usage": True}}
+            if conversation_id:
+                body["conversation_id"] = conversation_id
+            started = time.perf_counter()
+            ttft, text, usage = None, "", {}
+            async with http.post(url + "/v1/chat/completions", json=body) as resp:
+                resp.raise_for_status()
+                async for raw in resp.content:
+                    line = raw.decode().strip()
+                    if not line.startswith("data:") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[5:])
+                    assert "kv_transfer_params" not in chunk, "the router leaked engine metadata"
+                    for choice in chunk.get("choices") or []:
+                        piece = (choice.get("delta") or {}).get("content") or ""
+                        if piece and ttft is None:
+                            ttft = time.perf_counter() - started
+                        text += piece
+                    usage = chunk.get("usage") or usage
+            messages.append({"role": "assistant", "content": text})
+            out.append({"turn": turn, "ttft_ms": (ttft or 0) * 1000, "prompt_tokens": usage.get("prompt_tokens", 0)})
+    return out
+
+
+def live_chat(cluster: LocalCluster, turns: int) -> None:
+    from duplex_sidecars.router.launcher import RouterProcess
+    from duplex_sidecars.sim.launcher import sim_pair
+
+    say("starting a simulated prefill and decode engine (real NIXL over UCX on loopback) and the router")
+    sim_args = [*SIM_COST, "--fail-on-corrupt"]
+    with sim_pair(prefill_args=[*sim_args, "--no-enable-prefix-caching", "--kv-load-failure-policy", "recompute"],
+                  decode_args=sim_args) as (prefill, decode):
+        config = router_config_from_cluster(cluster, prefill.url, decode.url)
+        say(f"router config from ConfigMap {NAMESPACE}/{SERVING}-router (TTL "
+            f"{config['conversation']['ttl_seconds']:g}s < engines' {config['conversation']['engine_blocks_ttl_seconds']:g}s)")
+        with RouterProcess(config=config) as router:
+            asyncio.run(chat(router.url, "warm-up", 2))  # connections and NIXL handshakes, so turn 1 compares fairly
+            results = {}
+            for label, conv in (("recompute (no conversation_id)", None), ("duplex reuse", "demo-conversation-1")):
+                before = prefill.metric("vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
+                results[label] = asyncio.run(chat(router.url, conv, turns))
+                after = prefill.metric("vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
+                results[label + " read"] = after - before
+            corrupt = prefill.metric("sim_corrupt_blocks_total") + decode.metric("sim_corrupt_blocks_total")
+            hits = router.metric("duplex_router_kv_reuse_hits_total") - 1  # minus the warm-up's hit
+    base, reuse = results["recompute (no conversation_id)"], results["duplex reuse"]
+    print()
+    print(f"{'turn':>4} {'prompt tokens':>13} {'TTFT recompute':>15} {'TTFT duplex':>12} {'saved':>7}")
+    for b, r in zip(base, reuse):
+        saved = 1 - r["ttft_ms"] / b["ttft_ms"] if b["ttft_ms"] else 0.0
+        print(f"{b['turn']:>4} {b['prompt_tokens']:>13} {b['ttft_ms']:>12.1f} ms {r['ttft_ms']:>9.1f} ms {saved:>6.0%}")
+    print()
+    say(f"router reuse hits: {hits:.0f} of {turns - 1} possible; tokens prefill read back from decode over NIXL: "
+        f"{results['duplex reuse read']:.0f} (without conversation_id: {results['recompute (no conversation_id) read']:.0f}); "
+        f"corrupt blocks: {corrupt:.0f}")
+    if corrupt:
+        raise RuntimeError("the simulator saw corrupt KV blocks")
+    if hits < turns - 1:
+        raise RuntimeError(f"expected {turns - 1} reuse hits, got {hits:.0f}")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="duplex demo", description=__doc__)
+    parser.add_argument("--example", type=Path, default=ROOT / "examples/seed.yaml")
+    parser.add_argument("--turns", type=int, default=5, help="turns of the live chat")
+    parser.add_argument("--down", action="store_true", help="stop the local cluster at the end")
+    args = parser.parse_args(argv)
+    cluster = LocalCluster()
+    operator: subprocess.Popen[bytes] | None = None
+    try:
+        say("bringing up the local control plane (builds or reuses the binaries)")
+        cluster.up(build=True)
+        install(cluster)
+        operator = start_operator(cluster)
+        apply_example(cluster, args.example.resolve())
+        wait_ready(cluster)
+        show(cluster)
+        live_chat(cluster, args.turns)
+    except (ClusterError, RuntimeError) as err:
+        print(f"duplex demo: {err}", file=sys.stderr)
+        return 1
+    finally:
+        if operator is not None:
+            operator.terminate()
+            operator.wait(15)
+        if args.down:
+            cluster.down()
+    say(f"done. The cluster is still up: export KUBECONFIG={cluster.kubeconfig}; "
+        f"kubectl -n {NAMESPACE} get dsv. Stop it with: .venv/bin/duplex cluster down")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
