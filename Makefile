@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup run test test-unit test-cluster test-vllm crds crds-check render cluster-up cluster-down bench bench-router clean
+.PHONY: setup run test test-unit test-cluster test-vllm crds docs crds-check render cluster-up cluster-down bench bench-router clean
 
 $(STAMP): pyproject.toml hack/setup.sh hack/build-tools.sh
 	bash hack/setup.sh
@@ -30,7 +30,9 @@ test-vllm: $(STAMP)
 	$(VENV)/bin/pytest -q tests/vllm
 
 crds: $(STAMP)
-	$(VENV)/bin/duplex crds -o crds
+	$(VENV)/bin/duplex crds -o crds --update-readme README.md
+
+docs: crds
 
 crds-check: $(STAMP)
 	@$(VENV)/bin/duplex crds | diff -u crds/duplex.dev_disaggregatedservings.yaml - && echo "crds/ is up to date"

@@ -40,7 +40,9 @@ class SecretKeyRef(Model):
 class EnvVar(Model):
     """An environment variable: a literal value or a Kubernetes valueFrom source."""
 
-    name: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
+    name: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")] = Field(
+        description="Variable name; overrides a variable duplex sets with the same name."
+    )
     value: str | None = Field(None, description="Literal value.")
     value_from: K8sObject | None = Field(None, description="A Kubernetes EnvVarSource (secretKeyRef, fieldRef, ...).")
 
@@ -91,7 +93,9 @@ class ModelSpec(Model):
     image: Annotated[str, Field(min_length=1, max_length=1024)] = Field(
         "vllm/vllm-openai:v0.33.0", description="vLLM engine image (with NIXL, and the EFA libraries when EFA is on)."
     )
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field("IfNotPresent")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Pull policy of the engine image."
+    )
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
         "auto", description="vLLM --dtype."
     )
@@ -305,8 +309,12 @@ class RouterSpec(Model):
     service: ServiceSpec = Field(default_factory=ServiceSpec, description="Router Service.")
     conversation: ConversationSpec = Field(default_factory=ConversationSpec, description="Conversation identity and TTL.")
     store: StoreSpec = Field(default_factory=StoreSpec, description="Conversation state store.")
-    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(default_factory=dict)
-    tolerations: Annotated[list[K8sObject], Field(max_length=32)] = Field(default_factory=list)
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict, description="Node labels router pods require (routers need no accelerator)."
+    )
+    tolerations: Annotated[list[K8sObject], Field(max_length=32)] = Field(
+        default_factory=list, description="Kubernetes tolerations of router pods."
+    )
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, le=1024**3, description="Largest accepted request body.")
 
 
