@@ -28,7 +28,7 @@ step "project virtualenv .venv"
 .venv/bin/pip install -q -e ".[test]"
 step "nixl-cu12 $NIXL_VERSION (--no-deps: the DRAM/UCX path needs numpy only, not torch)"
 .venv/bin/pip install -q --no-deps "nixl-cu12==$NIXL_VERSION"
-.venv/bin/python -c "import nixl._api" 2>/dev/null || .venv/bin/python -c "from nixl_cu12 import _api" 2>/dev/null || true
+.venv/bin/python -c "from nixl_cu12._api import nixl_agent; print('nixl importable:', nixl_agent.__module__)"
 
 step "control plane binaries (etcd, kube-apiserver, controller-manager, scheduler, kubectl, kwok, helm)"
 bash hack/build-tools.sh > "$CACHE/tools-dir.txt"
