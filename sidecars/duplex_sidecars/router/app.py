@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import aiohttp
+import aiohttp.abc
 from aiohttp import web
 
 from duplex_sidecars.router.config import RouterConfig
@@ -32,8 +33,10 @@ _MAINTENANCE_SECONDS = 5.0
 class Router:
     """Everything a request needs, swapped in place when the config file changes."""
 
-    def __init__(self, config: RouterConfig, source: ConfigSource | None = None, store: Store | None = None):
+    def __init__(self, config: RouterConfig, source: ConfigSource | None = None, store: Store | None = None,
+                 resolver: aiohttp.abc.AbstractResolver | None = None):
         self.config = config
+        self._resolver = resolver
         self.source = source
         self.metrics = RouterMetrics()
         self.engines = Engines(self.metrics)
@@ -54,7 +57,7 @@ class Router:
     # ---- lifecycle -----------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.session = make_session()
+        self.session = make_session(self._resolver)
         hc = self.config.health_check
         self.prober = HealthProber(self.engines, self.session, hc.path, hc.interval_seconds, hc.timeout_seconds,
                                    self._probe_headers())

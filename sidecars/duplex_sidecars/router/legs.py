@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import aiohttp
+import aiohttp.abc
 
 from duplex_sidecars.router.config import TimeoutsConfig
 
@@ -44,13 +45,14 @@ def nodelay_socket(addr_info: Any) -> socket.socket:
     return sock
 
 
-def make_session() -> aiohttp.ClientSession:
-    """One pooled session for every leg and probe."""
+def make_session(resolver: aiohttp.abc.AbstractResolver | None = None) -> aiohttp.ClientSession:
+    """One pooled session for every leg and probe. `resolver` overrides name resolution of engine hosts."""
     connector = aiohttp.TCPConnector(
         limit=0,  # the engines' own queues do the admission control
         keepalive_timeout=60,
         socket_factory=nodelay_socket,
         enable_cleanup_closed=False,
+        resolver=resolver,
     )
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None), auto_decompress=True)
 
