@@ -1,0 +1,286 @@
+"""status.compute: per-role counts and conditions from the live Deployments; Ready only when prefill, decode and
+router are all ready on the current template; transition times kept while a condition holds; status for a refused
+spec; differs() for write avoidance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from duplex import status
+from duplex.api.status import CONDITION_TYPES, DisaggregatedServingStatus
+from duplex.children.engine import engine_config_hash
+from duplex.children.kv_config import effective
+
+from dsv_helpers import serving
+
+WORKLOADS = ("prefill", "decode", "router")
+T0, T1, T2 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z", "2026-01-01T00:02:00Z"
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    times = [T0]
+    monkeypatch.setattr(status, "now", lambda: times[0])
+    return times
+
+
+def dep(replicas: int, ready: int | None = None, updated: int | None = None, generation: int = 1,
+        observed: int | None = None, total: int | None = None) -> dict[str, Any]:
+    ready = replicas if ready is None else ready
+    updated = replicas if updated is None else updated
+    st = {"observedGeneration": generation if observed is None else observed,
+          "replicas": replicas if total is None else total, "readyReplicas": ready, "updatedReplicas": updated,
+          "availableReplicas": ready}
+    return {"metadata": {"generation": generation}, "spec": {"replicas": replicas}, "status": st}
+
+
+def all_ready(p: int = 1, d: int = 1, r: int = 1) -> dict[str, Any]:
+    return {"prefill": dep(p), "decode": dep(d), "router": dep(r)}
+
+
+def conds(st: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    types = [c["type"] for c in st["conditions"]]
+    assert len(types) == len(set(types))
+    return {c["type"]: c for c in st["conditions"]}
+
+
+SERVING = serving(name="qwen", namespace="inference")
+
+
+def compute(deployments: dict[str, Any], previous: dict[str, Any] | None = None, s: Any = SERVING) -> dict[str, Any]:
+    return status.compute(s, deployments, previous)
+
+
+# --- Ready ------------------------------------------------------------------------------------------------------
+
+
+def test_all_ready_and_updated_is_ready() -> None:
+    st = compute(all_ready())
+    c = conds(st)
+    assert [x["type"] for x in st["conditions"]] == ["Ready", "ConfigValid", "PrefillReady", "DecodeReady",
+                                                     "RouterReady", "Progressing"]
+    assert set(c) == set(CONDITION_TYPES)
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("True", "AllComponentsReady")
+    assert all(c[t]["status"] == "True" for t in ("ConfigValid", "PrefillReady", "DecodeReady", "RouterReady"))
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("False", "Stable")
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_one_workload_not_ready_means_not_ready(workload: str) -> None:
+    deployments = all_ready()
+    deployments[workload] = dep(1, ready=0)
+    c = conds(compute(deployments))
+    assert c["Ready"]["status"] == "False" and c["Ready"]["reason"] == "ComponentsNotReady"
+    name = {"prefill": "PrefillReady", "decode": "DecodeReady", "router": "RouterReady"}[workload]
+    assert c[name]["status"] == "False" and c[name]["reason"] == "ReplicasNotReady"
+    assert c["Ready"]["message"] == f"not ready: {name}"
+    others = [n for n in ("PrefillReady", "DecodeReady", "RouterReady") if n != name]
+    assert all(c[n]["status"] == "True" for n in others)
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_missing_deployment_means_not_ready(workload: str) -> None:
+    deployments = all_ready()
+    deployments[workload] = None
+    c = conds(compute(deployments))
+    name = {"prefill": "PrefillReady", "decode": "DecodeReady", "router": "RouterReady"}[workload]
+    assert (c[name]["status"], c[name]["reason"]) == ("False", "NotCreated")
+    assert c["Ready"]["status"] == "False"
+    assert c["Progressing"]["status"] == "True"
+
+
+def test_nothing_created_yet() -> None:
+    st = compute({})
+    c = conds(st)
+    assert c["Ready"]["status"] == "False"
+    assert c["Ready"]["message"] == "not ready: PrefillReady, DecodeReady, RouterReady"
+    assert st["prefill"] == {"replicas": 1, "readyReplicas": 0, "updatedReplicas": 0, "summary": "0/1"}
+
+
+def test_ready_but_not_updated_is_not_ready() -> None:
+    deployments = all_ready()
+    deployments["decode"] = dep(2, ready=2, updated=1, total=2)
+    s = serving({"decode": {"replicas": 2}})
+    c = conds(compute(deployments, s=s))
+    assert c["DecodeReady"]["status"] == "False" and c["Ready"]["status"] == "False"
+    assert c["DecodeReady"]["message"] == "2/2 decode pods ready, 1 updated"
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("True", "RollingOut")
+    assert c["Progressing"]["message"] == "rolling out: decode"
+
+
+def test_stale_observed_generation_counts_no_pod_as_updated() -> None:
+    deployments = all_ready()
+    deployments["prefill"] = dep(1, generation=3, observed=2)  # the controller has not seen the new template yet
+    st = compute(deployments)
+    assert st["prefill"]["updatedReplicas"] == 0 and st["prefill"]["readyReplicas"] == 1
+    c = conds(st)
+    assert c["PrefillReady"]["status"] == "False" and c["Ready"]["status"] == "False"
+    assert c["Progressing"]["status"] == "True" and "prefill" in c["Progressing"]["message"]
+
+
+def test_deployment_without_status_is_not_ready() -> None:
+    deployments = all_ready()
+    deployments["router"] = {"metadata": {"generation": 1}, "spec": {"replicas": 1}}
+    st = compute(deployments)
+    assert st["router"] == {"replicas": 1, "readyReplicas": 0, "updatedReplicas": 0, "summary": "0/1"}
+    assert conds(st)["RouterReady"]["status"] == "False"
+
+
+def test_scaled_to_zero_is_not_ready() -> None:
+    s = serving({"decode": {"replicas": 0}})
+    deployments = all_ready()
+    deployments["decode"] = dep(0)
+    c = conds(compute(deployments, s=s))
+    assert (c["DecodeReady"]["status"], c["DecodeReady"]["reason"]) == ("False", "ScaledToZero")
+    assert c["Ready"]["status"] == "False"
+
+
+# --- per-role summaries and the rest of the status --------------------------------------------------------------
+
+
+def test_per_role_summaries_use_the_spec_replicas() -> None:
+    s = serving({"prefill": {"replicas": 2}, "decode": {"replicas": 3},
+                 "router": {"replicas": 2, "store": {"type": "redis", "redis": {"url": "redis://r"}}}})
+    st = compute({"prefill": dep(2, ready=1, updated=2), "decode": dep(3, ready=3), "router": dep(2, ready=0)}, s=s)
+    assert st["prefill"] == {"replicas": 2, "readyReplicas": 1, "updatedReplicas": 2, "summary": "1/2"}
+    assert st["decode"] == {"replicas": 3, "readyReplicas": 3, "updatedReplicas": 3, "summary": "3/3"}
+    assert st["router"] == {"replicas": 2, "readyReplicas": 0, "updatedReplicas": 2, "summary": "0/2"}
+
+
+def test_status_carries_endpoint_effective_kv_hash_and_generation() -> None:
+    s = serving({"kvTransfer": {"recomputeThreshold": 32}}, name="qwen", namespace="inference")
+    s = type(s)(name=s.name, namespace=s.namespace, spec=s.spec, generation=4)
+    st = compute(all_ready(), s=s)
+    assert st["observedGeneration"] == 4
+    assert all(c["observedGeneration"] == 4 for c in st["conditions"])
+    assert st["routerEndpoint"] == "http://qwen-router.inference.svc:8000"
+    assert st["effectiveKV"] == effective(s.spec) and st["effectiveKV"]["recomputeThreshold"] == 32
+    assert st["engineConfigHash"] == engine_config_hash(s.spec, "qwen", "inference")
+
+
+def test_status_fits_the_status_model_and_schema() -> None:
+    s = type(SERVING)(name="qwen", namespace="inference", spec=SERVING.spec, generation=3)
+    st = compute(all_ready(), s=s)
+    parsed = DisaggregatedServingStatus.model_validate(st)
+    assert parsed.model_dump(by_alias=True, exclude_none=True) == st
+
+
+# --- transition times -------------------------------------------------------------------------------------------
+
+
+def test_last_transition_time_kept_while_status_holds(clock: list[str]) -> None:
+    first = compute(all_ready())
+    assert all(c["lastTransitionTime"] == T0 for c in first["conditions"])
+    clock[0] = T1
+    second = compute(all_ready(), previous=first)
+    assert second == first
+    assert not status.differs(first, second)
+
+
+def test_last_transition_time_moves_only_for_changed_conditions(clock: list[str]) -> None:
+    first = compute(all_ready())
+    clock[0] = T1
+    broken = all_ready()
+    broken["router"] = dep(1, ready=0)
+    second = compute(broken, previous=first)
+    c = conds(second)
+    assert c["RouterReady"]["lastTransitionTime"] == T1 and c["Ready"]["lastTransitionTime"] == T1
+    assert c["PrefillReady"]["lastTransitionTime"] == T0 and c["ConfigValid"]["lastTransitionTime"] == T0
+    assert c["Progressing"]["lastTransitionTime"] == T0
+    assert status.differs(first, second)
+    clock[0] = T2
+    third = compute(broken, previous=second)
+    assert third == second  # a message-only refresh would keep the time as well
+    assert not status.differs(second, third)
+
+
+def test_message_change_without_status_change_keeps_the_time(clock: list[str]) -> None:
+    deployments = all_ready()
+    deployments["decode"] = dep(2, ready=0, updated=2)
+    s = serving({"decode": {"replicas": 2}})
+    first = compute(deployments, s=s)
+    clock[0] = T1
+    deployments["decode"] = dep(2, ready=1, updated=2)
+    second = compute(deployments, previous=first, s=s)
+    c1, c2 = conds(first), conds(second)
+    assert c1["DecodeReady"]["message"] != c2["DecodeReady"]["message"]
+    assert c2["DecodeReady"]["lastTransitionTime"] == T0
+    assert status.differs(first, second)
+
+
+def test_progressing_during_a_roll(clock: list[str]) -> None:
+    s = serving({"prefill": {"replicas": 2}})
+    stable = compute({"prefill": dep(2), "decode": dep(1), "router": dep(1)}, s=s)
+    assert conds(stable)["Progressing"]["status"] == "False"
+    clock[0] = T1
+    rolling = compute({"prefill": dep(2, ready=2, updated=1, generation=2, total=3), "decode": dep(1),
+                       "router": dep(1)}, previous=stable, s=s)
+    c = conds(rolling)
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("True", "RollingOut")
+    assert c["Progressing"]["lastTransitionTime"] == T1
+    assert c["Ready"]["status"] == "False"
+    clock[0] = T2
+    done = compute({"prefill": dep(2, generation=2), "decode": dep(1), "router": dep(1)}, previous=rolling, s=s)
+    c = conds(done)
+    assert c["Progressing"]["status"] == "False" and c["Progressing"]["lastTransitionTime"] == T2
+    assert c["Ready"]["status"] == "True"
+
+
+# --- refused spec -----------------------------------------------------------------------------------------------
+
+
+def test_invalid_spec_status(clock: list[str]) -> None:
+    st = status.invalid(5, "spec: bad ttl", None)
+    assert st["observedGeneration"] == 5
+    c = conds(st)
+    assert set(c) == {"Ready", "ConfigValid"}
+    for t in ("Ready", "ConfigValid"):
+        assert (c[t]["status"], c[t]["reason"], c[t]["message"]) == ("False", "ConfigInvalid", "spec: bad ttl")
+        assert c[t]["observedGeneration"] == 5 and c[t]["lastTransitionTime"] == T0
+
+
+def test_invalid_spec_keeps_the_role_conditions_and_last_good_fields(clock: list[str]) -> None:
+    good = compute(all_ready())
+    clock[0] = T1
+    st = status.invalid(2, "spec: broken", good)
+    c = conds(st)
+    assert (c["Ready"]["status"], c["Ready"]["lastTransitionTime"]) == ("False", T1)
+    assert (c["ConfigValid"]["status"], c["ConfigValid"]["lastTransitionTime"]) == ("False", T1)
+    for t in ("PrefillReady", "DecodeReady", "RouterReady", "Progressing"):
+        assert c[t] == conds(good)[t]
+    assert status.differs(good, st)
+    # fields it does not set are left alone by a merge patch: differs only looks at what is written
+    assert set(st) == {"observedGeneration", "conditions"}
+    clock[0] = T2
+    again = status.invalid(2, "spec: broken", {**good, **st})
+    assert conds(again)["Ready"]["lastTransitionTime"] == T1
+    assert not status.differs({**good, **st}, again)
+
+
+def test_valid_again_after_invalid(clock: list[str]) -> None:
+    bad = status.invalid(2, "spec: broken", None)
+    clock[0] = T1
+    fixed = compute(all_ready(), previous=bad)
+    c = conds(fixed)
+    assert c["ConfigValid"]["status"] == "True" and c["ConfigValid"]["lastTransitionTime"] == T1
+    assert c["Ready"]["status"] == "True" and c["Ready"]["lastTransitionTime"] == T1
+
+
+# --- differs ----------------------------------------------------------------------------------------------------
+
+
+def test_differs() -> None:
+    new = {"observedGeneration": 1, "conditions": [{"type": "Ready", "status": "True"}]}
+    assert status.differs(None, new)
+    assert status.differs({}, new)
+    assert not status.differs(dict(new), new)
+    assert not status.differs({**new, "somethingElse": 1}, new)  # keys not written are not compared
+    assert status.differs({**new, "observedGeneration": 2}, new)
+    assert status.differs({**new, "conditions": [{"type": "Ready", "status": "False"}]}, new)
+
+
+def test_deployment_names() -> None:
+    assert status.deployment_names(SERVING) == {"prefill": "qwen-prefill", "decode": "qwen-decode",
+                                                "router": "qwen-router"}
