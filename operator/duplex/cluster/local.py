@@ -14,7 +14,7 @@ import shutil
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -228,7 +228,7 @@ class LocalCluster:
             "bin_dir": str(bin_dir),
             "kubeconfig": str(layout.kubeconfig),
             "audit_log": str(layout.audit_log),
-            "ports": ports.__dict__,
+            "ports": asdict(ports),
             "processes": {},
         }
         self._save_state(state)
@@ -246,7 +246,7 @@ class LocalCluster:
         except BaseException:
             self._say("startup failed: stopping what was started")
             self._stop_all(state)
-            self._remove_runtime(keep_state=False)
+            self._remove_runtime()
             raise
         self._say(f"cluster up: {ports.server}  kubeconfig {layout.kubeconfig}")
 
@@ -467,10 +467,8 @@ class LocalCluster:
             raise ClusterError("cluster", f"still running after SIGKILL: {', '.join(stuck)}")
         return stopped
 
-    def _remove_runtime(self, keep_state: bool = False) -> None:
+    def _remove_runtime(self) -> None:
         for path in self.layout.runtime_paths():
-            if keep_state and path == self.layout.state_file:
-                continue
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             else:
