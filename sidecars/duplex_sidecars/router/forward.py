@@ -18,7 +18,7 @@ from duplex_sidecars.router.errors import BackendFailed, BackendUnavailable, Rou
 from duplex_sidecars.router.history import Reply
 from duplex_sidecars.router.legs import CONNECT, STATUS_4XX, TIMEOUT, LegFailure
 from duplex_sidecars.router.reply import ReplyCollector, pop_kv_params, reply_of_body
-from duplex_sidecars.router.sse import DONE, SSEParser, encode_data
+from duplex_sidecars.router.sse import DONE, SSEEvent, SSEParser, encode_data
 from duplex_sidecars.router.turn import Turn
 
 if TYPE_CHECKING:
@@ -187,8 +187,12 @@ class Forwarder:
         return failure
 
     async def _record(self, turn: Turn, engine: Engine, kv_params: Any, reply: Reply) -> None:
-        outcome = await reuse.record(self.r.store, turn, engine.url, kv_params, reply,
-                                     self.r.config.conversation.ttl_seconds, self.r.metrics)
+        try:
+            outcome = await reuse.record(self.r.store, turn, engine.url, kv_params, reply,
+                                         self.r.config.conversation.ttl_seconds, self.r.metrics)
+        except Exception:  # recording is an optimisation: it must never cost the client its answer
+            log.exception("request %s: recording decode's blocks failed", turn.request_id)
+            outcome = "not_stored"
         self.r.metrics.captures.labels(outcome).inc()
 
     # ---- non-streaming -------------------------------------------------------------------------------------------
@@ -214,68 +218,44 @@ class Forwarder:
 
     async def _relay_stream(self, request: web.Request, turn: Turn, engine: Engine,
                             resp: aiohttp.ClientResponse) -> web.StreamResponse:
-        metrics = self.r.metrics
+        relay = _StreamRelay(ReplyCollector(turn.route) if turn.key else None)
         parser = SSEParser()
-        collector = ReplyCollector(turn.route) if turn.key else None
         out: web.StreamResponse | None = None
-        kv_params: Any = None
-        held = bytearray()  # everything from decode's final (kv-carrying) chunk on waits until the entry is stored
-        finished = False
         try:
             async for chunk in legs.read_chunks(resp, self.r.config.timeouts.decode_idle_seconds):
-                events = parser.feed(chunk)
-                if not events:
-                    continue
-                batch = bytearray()
-                for event in events:
-                    data = event.data
-                    if data is None:
-                        (held if kv_params is not None else batch).extend(event.raw)
-                        continue
-                    if data == DONE:
-                        finished = True
-                        break
-                    raw = event.raw
-                    if collector is not None or _KV_MARKER in raw:
-                        try:
-                            obj = json.loads(data)
-                        except ValueError:
-                            obj = None
-                        if isinstance(obj, dict):
-                            if collector is not None:
-                                collector.add(obj)
-                            found = pop_kv_params(obj)
-                            if found is not None:
-                                kv_params = found
-                                raw = encode_data(json.dumps(obj, separators=(",", ":")))
-                            elif _KV_MARKER in raw:
-                                raw = encode_data(json.dumps(obj, separators=(",", ":")))
-                        elif _KV_MARKER in raw:
-                            continue  # unparseable and possibly internal: drop it
-                    (held if kv_params is not None else batch).extend(raw)
+                batch = relay.take(parser.feed(chunk))
                 if batch:
                     out = await self._write(request, turn, out, batch)
-                if finished:
+                if relay.finished:
                     break
+            else:
+                batch = relay.take(parser.close())  # an unterminated last event still counts
+                if batch:
+                    out = await self._write(request, turn, out, batch)
         except LegFailure as failure:
             if out is None:
                 raise
             self._decode_failed(turn, engine, failure)
             return await self._end_stream_with_error(turn, out, "The decode engine's stream broke off.")
-        if not finished:
+        except ValueError as exc:  # an event beyond the parser's size limit
+            if out is None:
+                raise LegFailure(legs.BROKEN, str(exc)) from exc
+            self._decode_failed(turn, engine, LegFailure(legs.BROKEN, str(exc)))
+            return await self._end_stream_with_error(turn, out, "The decode engine's stream was malformed.")
+        if not relay.finished:
             if out is None:
                 raise LegFailure(legs.BROKEN, "decode stream ended without data")
             self._decode_failed(turn, engine, LegFailure(legs.BROKEN, "decode stream ended without [DONE]"))
             return await self._end_stream_with_error(turn, out, "The decode engine's stream ended unexpectedly.")
-        if collector is not None:
-            await self._record(turn, engine, kv_params, collector.reply())
-        held.extend(b"data: [DONE]\n\n")
-        out = await self._write(request, turn, out, held)
+        if relay.collector is not None:
+            await self._record(turn, engine, relay.kv_params, relay.collector.reply())
+        relay.held.extend(b"data: [DONE]\n\n")
+        out = await self._write(request, turn, out, relay.held)
         try:
             await out.write_eof()
         except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
             raise ClientGone(out) from exc
-        metrics.e2e.labels(turn.route, "true").observe(time.perf_counter() - turn.started)
+        self.r.metrics.e2e.labels(turn.route, "true").observe(time.perf_counter() - turn.started)
         return out
 
     async def _write(self, request: web.Request, turn: Turn, out: web.StreamResponse | None,
@@ -306,3 +286,51 @@ class Forwarder:
         except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
             raise ClientGone(out) from exc
         return out
+
+
+class _StreamRelay:
+    """What happens to decode's SSE events on their way to the client: kv_transfer_params come out, the reply is
+    collected, and everything from the kv-carrying final chunk on is held until the conversation entry is stored
+    (so a client that fires its next turn on the last chunk still finds it)."""
+
+    def __init__(self, collector: ReplyCollector | None):
+        self.collector = collector
+        self.kv_params: Any = None
+        self.held = bytearray()
+        self.finished = False
+
+    def take(self, events: list[SSEEvent]) -> bytearray:
+        """Process events; returns the bytes to send now."""
+        batch = bytearray()
+        for event in events:
+            if self.finished:
+                break
+            raw = self._filter(event)
+            if raw is not None:
+                (self.held if self.kv_params is not None else batch).extend(raw)
+        return batch
+
+    def _filter(self, event: SSEEvent) -> bytes | None:
+        data = event.data
+        if data is None:
+            return event.raw
+        if data == DONE:
+            self.finished = True
+            return None  # [DONE] goes out after the entry is stored
+        marked = _KV_MARKER in event.raw
+        if self.collector is None and not marked:
+            return event.raw
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return None if marked else event.raw  # unparseable and possibly internal: dropped
+        if not isinstance(obj, dict):
+            return None if marked else event.raw
+        if self.collector is not None:
+            self.collector.add(obj)
+        found = pop_kv_params(obj)
+        if found is not None:
+            self.kv_params = found
+        if found is None and not marked:
+            return event.raw
+        return encode_data(json.dumps(obj, separators=(",", ":")))

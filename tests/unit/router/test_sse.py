@@ -106,3 +106,29 @@ def test_body_reply_and_param_stripping():
     assert r.content == "x" and r.finish_reason == "stop" and r.tool_calls == ()
     assert reply_of_body("chat", {"choices": []}).choices == 0
     assert reply_of_body("completions", {"choices": [{"text": "t", "finish_reason": "length"}]}).content == "t"
+
+
+def test_stream_relay_strips_params_and_holds_the_final_chunk():
+    from duplex_sidecars.router.forward import _StreamRelay
+
+    relay = _StreamRelay(ReplyCollector("chat"))
+    parser = SSEParser()
+    first = relay.take(parser.feed(b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n: ping\n\n'))
+    assert first == b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n: ping\n\n'  # untouched bytes
+    final = relay.take(parser.feed(
+        b'data: {"choices":[{"index":0,"delta":{"content":"!"},"finish_reason":"stop"}],'
+        b'"kv_transfer_params":{"remote_engine_id":"d"}}\n\ndata: {"choices":[],"usage":{}}\n\n'))
+    assert final == b""  # held until the entry is stored
+    assert b"kv_transfer_params" not in relay.held and b'"usage"' in relay.held
+    assert relay.kv_params == {"remote_engine_id": "d"}
+    assert relay.take(parser.feed(b"data: [DONE]")) == b"" and not relay.finished
+    relay.take(parser.close())
+    assert relay.finished and relay.collector.reply().content == "hi!"
+
+
+def test_stream_relay_drops_unparseable_events_that_mention_params():
+    from duplex_sidecars.router.forward import _StreamRelay
+
+    relay = _StreamRelay(None)
+    out = relay.take(SSEParser().feed(b'data: {"kv_transfer_params": broken\n\ndata: plain text\n\n'))
+    assert out == b"data: plain text\n\n"
