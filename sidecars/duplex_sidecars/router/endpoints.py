@@ -214,6 +214,7 @@ class HealthProber:
             pool.mark(engine, False, f"health probe: {type(exc).__name__}: {exc}")
 
     async def probe_all(self) -> None:
+        self._wake.clear()  # engines added from here on poke again
         jobs = [self.probe(pool, e) for pool in (self._engines.prefill, self._engines.decode)
                 for e in list(pool.engines.values())]
         if jobs:
@@ -225,16 +226,16 @@ class HealthProber:
         self._wake.set()
 
     async def _run(self) -> None:
+        # The caller probed once before starting us; from here on: wait, then probe.
         while True:
-            try:
-                await self.probe_all()
-            except Exception:  # never let the prober die
-                log.exception("health probing failed")
-            self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), self.interval)
             except asyncio.TimeoutError:
                 pass
+            try:
+                await self.probe_all()
+            except Exception:  # never let the prober die
+                log.exception("health probing failed")
 
     def start(self) -> None:
         if self._task is None:
