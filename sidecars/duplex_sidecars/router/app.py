@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import aiohttp.abc
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.config_file import ConfigError, ConfigSource
@@ -285,7 +286,7 @@ async def _ready(request: web.Request) -> web.StreamResponse:
 async def _metrics(request: web.Request) -> web.StreamResponse:
     router = request.app[ROUTER_KEY]
     router.engines.update_gauges()
-    return web.Response(body=router.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    return web.Response(body=router.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 def build_app(router: Router) -> web.Application:

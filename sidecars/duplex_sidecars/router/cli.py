@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # e.g. the Redis URL's environment variable is unset
         print(f"duplex router: {exc}", file=sys.stderr)
         return 2
+    from prometheus_client import disable_created_metrics
+
+    disable_created_metrics()  # process-wide, and this process is the router: *_created series are noise here
     try:
         asyncio.run(_serve(router))
     except OSError as exc:
