@@ -80,3 +80,20 @@ def env_map(ctr: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def arg_value(args: list[str], flag: str) -> str:
     assert args.count(flag) == 1, f"{flag} appears {args.count(flag)} times in {args}"
     return args[args.index(flag) + 1]
+
+
+def may_name_an_owned_flag(arg: str) -> bool:
+    """Whether vLLM's parser could read arg as a flag duplex owns: exactly, as `flag=`, with underscores, with a
+    dotted sub-key, or as an argparse abbreviation. Generated "free" extraArgs stay clear of all of these."""
+    from duplex.api.owned_args import OWNED_FLAGS, uses_flag
+
+    owned = [f for flags, _ in OWNED_FLAGS for f in flags]
+    if any(uses_flag([arg], f) for f in owned):
+        return True
+    head = arg.split("=", 1)[0]
+    if head.startswith("--"):
+        key = head[2:].split(".", 1)[0].replace("_", "-")
+        return any(f.startswith("--" + key) for f in owned)
+    if head.startswith("-") and len(head) > 1:
+        return any(f.startswith(head) for f in owned if not f.startswith("--"))
+    return False

@@ -13,12 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes_validate import utils as kv_utils
 
-from duplex.api.owned_args import OWNED_FLAGS, uses_flag
 from duplex.crd import crd
 from duplex.render import desired_children, parse
 
 from dsv_cases import FULL, FULL_ALT
-from dsv_helpers import SEED, TRAINIUM, children, doc, load, merge
+from dsv_helpers import SEED, TRAINIUM, children, doc, load, may_name_an_owned_flag, merge
 
 TARGET = "1.36"
 VERSIONS = sorted({kv_utils.major_minor(v) for v in kv_utils.all_versions()},
@@ -192,9 +191,8 @@ _ENV = st.one_of(
         {"resourceFieldRef": {"resource": "limits.memory"}},
     ])),
 )
-_ALL_OWNED = [f for flags, _ in OWNED_FLAGS for f in flags]
 _ARGS = st.lists(st.from_regex(r"--[a-z][a-z0-9-]{0,20}(=[a-z0-9.]{1,8})?", fullmatch=True), max_size=4).filter(
-    lambda args: not any(uses_flag(args, f) for f in _ALL_OWNED))
+    lambda args: not any(may_name_an_owned_flag(a) for a in args))
 
 
 def _opt(d: dict[str, Any], key: str, value: Any, present: bool) -> None:
