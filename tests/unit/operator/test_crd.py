@@ -196,7 +196,6 @@ def test_rules_declared_in_the_crd_where_the_model_sits(path: tuple[Any, ...], c
     node = schema_at(path)
     assert node["x-kubernetes-validations"] == [r.schema() for r in cls.RULES]
     for rule in cls.RULES:
-        assert node["x-kubernetes-validations"][cls.RULES.index(rule)]["rule"] == rule.cel
         if rule.field_path:
             # the API server refuses a fieldPath that names no field of the schema
             assert rule.field_path.startswith(".") and rule.field_path[1:] in node["properties"]
@@ -206,7 +205,7 @@ def test_rules_declared_in_the_crd_where_the_model_sits(path: tuple[Any, ...], c
 def test_python_reports_each_rule_with_the_crd_message_at_the_crd_location(path: tuple[Any, ...],
                                                                           cls: type[Checked]) -> None:
     declared = schema_at(path)["x-kubernetes-validations"]
-    for rule, patch, schema_rule in zip(cls.RULES, VIOLATIONS[cls.__name__], declared):
+    for rule, patch, schema_rule in zip(cls.RULES, VIOLATIONS[cls.__name__], declared, strict=True):
         body = set_in(spec_dict(), path, patch)
         with pytest.raises(InvalidSpec) as info:
             parse_spec(body)

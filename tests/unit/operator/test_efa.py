@@ -13,7 +13,7 @@ from duplex.children.engine import engine_deployment
 from duplex.children.labels import SERVING_LABEL
 from duplex.render import InvalidSpec
 
-from dsv_helpers import arg_value, container, env_map, merge, spec
+from dsv_helpers import arg_value, env_map, merge, spec
 
 EFA_ON = {"network": {"efa": {"enabled": True}}, "prefill": {"memory": "256Gi"}, "decode": {"memory": "256Gi"}}
 FI_VARS = {"FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "FI_EFA_USE_HUGE_PAGE", "FI_EFA_FORK_SAFE", "LD_LIBRARY_PATH"}
