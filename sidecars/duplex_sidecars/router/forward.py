@@ -79,12 +79,16 @@ class Forwarder:
         failures: list[LegFailure] = []
         tried: list[str] = []
         replay = decision.params if decision is not None else None
-        for attempt in range(cfg.prefill_retries + 1):
+        attempts = cfg.prefill_retries + 1
+        attempt = -1
+        while attempt + 1 < attempts:
+            attempt += 1
+            replaying = replay is not None and attempt == 0
             engine = pool.pick(exclude=tried)
             if engine is None:
                 break
             tried.append(engine.url)
-            kv = replay if replay is not None and attempt == 0 else protocol.miss_params()
+            kv = replay if replaying and replay is not None else protocol.miss_params()
             body = protocol.prefill_leg_body(turn.body, kv)
             headers = legs.leg_headers(turn.request_id + attempt_tag + (f"-p{attempt}" if attempt else ""),
                                        self.r.engine_api_key)
@@ -95,18 +99,22 @@ class Forwarder:
             except LegFailure as failure:
                 metrics.backend_errors.labels("prefill", failure.kind).inc()
                 failures.append(failure)
-                log.warning("request %s: prefill leg on %s failed: %s", turn.request_id, engine.url, failure.detail)
+                log.warning("request %s: prefill leg on %s failed%s: %s", turn.request_id, engine.url,
+                            " while replaying decode's blocks" if replaying else "", failure.detail)
                 if failure.kind == CONNECT:
                     pool.mark(engine, False, failure.detail)
-                if attempt == 0 and replay is not None:
+                if replaying:
+                    # The replayed blocks may be the cause (declined, gone, rejected): whatever the failure, the
+                    # client is owed one plain recompute before any error.
                     metrics.miss("prefill_retry")
-                if not failure.retryable or failure.kind == TIMEOUT:
+                    attempts = max(attempts, 2)
+                elif not failure.retryable or failure.kind == TIMEOUT:
                     break
-                if attempt < cfg.prefill_retries:
+                if attempt + 1 < attempts:
                     metrics.retries.labels("prefill").inc()
                 continue
             metrics.leg_duration.labels("prefill").observe(time.perf_counter() - started)
-            if attempt == 0 and replay is not None:
+            if replaying:
                 metrics.reuse_hits.inc()
                 metrics.reused_tokens.inc(decision.tokens if decision else 0)
             params = reply.get(protocol.KV_PARAMS_FIELD)

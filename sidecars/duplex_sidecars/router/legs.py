@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import aiohttp

@@ -398,3 +398,19 @@ async def test_small_requests_do_not_wait_for_delayed_acks(make_rig):
 async def test_memory_store_is_the_default(make_rig):
     rig = await make_rig()
     assert isinstance(rig.router.store, MemoryStore)
+
+
+async def test_a_prefill_rejecting_replayed_blocks_is_retried_plain_even_without_retries(make_rig):
+    rig = await make_rig(prefill_retries=0)
+    _, _, text = await rig.chat([USER])
+    history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+    rig.p.actions = [400]  # e.g. the engine refuses the replayed kv_transfer_params
+    status, _, _ = await rig.chat(history)
+    assert status == 200
+    replayed, plain = rig.p.seen[1:]
+    assert kv_in(replayed)["remote_engine_id"] == "d0" and kv_in(plain) == protocol.miss_params()
+    assert rig.metric("duplex_router_kv_reuse_misses_total", reason="prefill_retry") == 1
+    assert rig.metric("duplex_router_retries_total", leg="prefill") == 1
+    rig.p.actions = [500]  # without replay, prefill_retries=0 means no retry
+    status, _, _ = await rig.chat([USER], conv=None)
+    assert status == 502
