@@ -143,6 +143,14 @@ def test_field_descriptions_come_from_the_models() -> None:
     assert checked > 80
 
 
+def test_every_spec_field_is_documented_for_kubectl_explain() -> None:
+    missing = [path for path, node in nodes(SPEC) if path and not node.get("description")
+               and not path.endswith(("[]", "{}"))]
+    assert missing == []
+    # list items that are API objects are documented too (kubectl explain shows them under the list field)
+    assert schema_at(("model", "env", 0, "name"))["description"]
+
+
 def test_object_descriptions_fall_back_to_class_docstrings() -> None:
     assert SPEC["description"].startswith("Desired state of a prefill-decode disaggregated vLLM deployment")
     assert schema_at(("model", "env", 0))["description"].startswith("An environment variable")
