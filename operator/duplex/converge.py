@@ -6,6 +6,8 @@ cover the desired fields (fields others own, and server-side defaults, are ignor
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from kubernetes.utils import parse_quantity
@@ -57,9 +59,17 @@ def owner_reference(parent: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+APPLIED_HASH = "duplex.dev/applied-hash"
+
+
 def adopt(child: dict[str, Any], parent: dict[str, Any]) -> dict[str, Any]:
+    """The child as applied: owned by the parent and stamped with a hash of its desired content, so that removing a
+    setting (which `covers` cannot see) still changes the object and server-side apply drops the removed fields."""
     out = dict(child)
-    out["metadata"] = {**child["metadata"], "ownerReferences": [owner_reference(parent)]}
+    meta = {**child["metadata"], "ownerReferences": [owner_reference(parent)]}
+    digest = hashlib.sha256(json.dumps({**out, "metadata": meta}, sort_keys=True).encode()).hexdigest()[:16]
+    meta["annotations"] = {**(meta.get("annotations") or {}), APPLIED_HASH: digest}
+    out["metadata"] = meta
     return out
 
 

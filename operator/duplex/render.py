@@ -53,9 +53,21 @@ def _messages(err: ValidationError) -> list[str]:
     return out
 
 
+def _drop_nulls(value: Any) -> Any:
+    """The API server prunes null fields (none is nullable) before defaulting; mirror it."""
+    if isinstance(value, dict):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value]
+    return value
+
+
 def parse_spec(spec: Any) -> DisaggregatedServingSpec:
+    """Validate like admission: camelCase names only, no type coercion ("2" is not 2), nulls pruned."""
     try:
-        return DisaggregatedServingSpec.model_validate(spec if spec is not None else {})
+        return DisaggregatedServingSpec.model_validate(
+            _drop_nulls(spec if spec is not None else {}), strict=True, by_alias=True, by_name=False
+        )
     except ValidationError as err:
         raise InvalidSpec(_messages(err)) from None
 

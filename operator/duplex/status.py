@@ -32,12 +32,21 @@ def role_status(desired: int, deployment: dict[str, Any] | None) -> dict[str, An
     }
 
 
-def _role_condition(kind: str, rs: dict[str, Any], exists: bool) -> tuple[str, str, str]:
+def outdated_pods(deployment: dict[str, Any] | None) -> int:
+    """Pods still on an old template: during a surge roll the counts can look complete while these serve."""
+    st = (deployment or {}).get("status") or {}
+    return max(0, (st.get("replicas", 0) or 0) - (st.get("updatedReplicas", 0) or 0))
+
+
+def _role_condition(kind: str, rs: dict[str, Any], deployment: dict[str, Any] | None) -> tuple[str, str, str]:
     desired, ready, updated = rs["replicas"], rs["readyReplicas"], rs["updatedReplicas"]
-    if not exists:
+    if deployment is None:
         return "False", "NotCreated", f"{kind} Deployment does not exist yet"
     if desired == 0:
         return "False", "ScaledToZero", f"{kind} has 0 replicas"
+    old = outdated_pods(deployment)
+    if old:
+        return "False", "RollingOut", f"{updated}/{desired} {kind} pods updated, {old} old still running"
     if ready >= desired and updated >= desired:
         return "True", "AllReplicasReady", f"{ready}/{desired} {kind} pods ready"
     return "False", "ReplicasNotReady", f"{ready}/{desired} {kind} pods ready, {updated} updated"
@@ -69,10 +78,11 @@ def compute(
     conditions = [_condition(prev_conditions, "ConfigValid", "True", "Valid", "spec accepted", gen)]
     all_ready = True
     for w in WORKLOADS:
-        st, reason, msg = _role_condition(w, roles[w], deployments.get(w) is not None)
+        st, reason, msg = _role_condition(w, roles[w], deployments.get(w))
         all_ready &= st == "True"
         conditions.append(_condition(prev_conditions, names[w], st, reason, msg, gen))
-    rolling = [w for w in WORKLOADS if roles[w]["updatedReplicas"] < desired[w]]
+    rolling = [w for w in WORKLOADS
+               if roles[w]["updatedReplicas"] < desired[w] or outdated_pods(deployments.get(w))]
     conditions.append(
         _condition(prev_conditions, "Progressing", "True" if rolling else "False",
                    "RollingOut" if rolling else "Stable",

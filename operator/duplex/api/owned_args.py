@@ -24,13 +24,26 @@ OWNED_FLAGS: tuple[tuple[tuple[str, ...], str], ...] = (
 )
 
 
+def flag_key(arg: str) -> str:
+    """How vLLM's parser reads an argument's flag: before `=` and before a dotted sub-key, `_` as `-`."""
+    return arg.split("=")[0].split(".")[0].replace("_", "-")
+
+
+def matches(arg: str, flag: str) -> bool:
+    """The flag itself, or an abbreviation argparse would expand to it (`--tensor-parallel`)."""
+    key = flag_key(arg)
+    return key == flag or (len(key) > 2 and key.startswith("--") and flag.startswith(key))
+
+
 def uses_flag(args: list[str], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in args)
+    return any(matches(a, flag) for a in args)
 
 
 def _cel(flags: tuple[str, ...]) -> str:
-    terms = " || ".join(f"a == '{f}' || a.startsWith('{f}=')" for f in flags)
-    return f"!has(self.extraArgs) || !self.extraArgs.exists(a, {terms})"
+    # The same normalisation as flag_key/matches, with Kubernetes' CEL strings extension.
+    terms = " || ".join(f"k == '{f}' || (k.size() > 2 && k.startsWith('--') && '{f}'.startsWith(k))" for f in flags)
+    key = "a.split('=')[0].split('.')[0].replace('_', '-')"
+    return f"!has(self.extraArgs) || !self.extraArgs.map(a, {key}).exists(k, {terms})"
 
 
 def owned_arg_rules(role: str | None) -> tuple[Rule, ...]:

@@ -40,6 +40,14 @@ class SecretKeyRef(Model):
 class EnvVar(Model):
     """An environment variable: a literal value or a Kubernetes valueFrom source."""
 
+    RULES = (
+        Rule(
+            cel="!(has(self.value) && has(self.valueFrom))",
+            message="env: set value or valueFrom, not both",
+            holds=lambda e: not (e.value is not None and e.value_from is not None),
+        ),
+    )
+
     name: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")] = Field(
         description="Variable name; overrides a variable duplex sets with the same name."
     )
@@ -199,6 +207,14 @@ class NetworkSpec(Model):
 class KVTransferSpec(Model):
     """NixlConnector settings shared by both roles (rendered into --kv-transfer-config)."""
 
+    RULES = (
+        Rule(
+            cel="self.sideChannelPort != 8000",
+            message="kvTransfer.sideChannelPort must differ from 8000, the engines' HTTP port",
+            holds=lambda k: k.side_channel_port != 8000,
+        ),
+    )
+
     connector: Literal["NixlConnector"] = Field("NixlConnector", description="vLLM KV connector.")
     backend: Literal["UCX", "LIBFABRIC"] | None = Field(
         None, description="NIXL backend; derived from network.efa (LIBFABRIC with EFA, else UCX) unless set."
@@ -240,17 +256,18 @@ class ConversationSpec(Model):
 
     RULES = (
         Rule(
-            cel="has(self.bodyField) || has(self.header)",
+            cel="self.bodyField != '' || self.header != ''",
             message="router.conversation needs bodyField or header to read the conversation id",
-            holds=lambda c: c.body_field is not None or c.header is not None,
+            holds=lambda c: bool(c.body_field) or bool(c.header),
         ),
     )
 
-    body_field: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
-        "conversation_id", description="Top-level request body field with the conversation id (stripped before forwarding)."
+    body_field: Annotated[str, Field(max_length=128)] = Field(
+        "conversation_id",
+        description="Top-level request body field with the conversation id (stripped before forwarding); '' disables.",
     )
-    header: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
-        "X-Conversation-Id", description="Request header with the conversation id."
+    header: Annotated[str, Field(max_length=128)] = Field(
+        "X-Conversation-Id", description="Request header with the conversation id; '' disables."
     )
     tenant_header: Annotated[str, Field(min_length=1, max_length=128)] = Field(
         "Authorization", description="Header whose digest scopes conversation state to a tenant."

@@ -36,8 +36,8 @@ def router_config(spec: DisaggregatedServingSpec, serving: str, namespace: str) 
             port_name="http",
         ),
         conversation=ConversationConfig(
-            body_field=conv.body_field,
-            header=conv.header,
+            body_field=conv.body_field or None,
+            header=conv.header or None,
             tenant_header=conv.tenant_header,
             ttl_seconds=float(router_ttl(spec)),
             engine_blocks_ttl_seconds=float(spec.kv_transfer.decode_blocks_ttl),

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from duplex.converge import adopt, covers, key, owned_by, owner_reference, plan
+from duplex.converge import APPLIED_HASH, adopt, covers, key, owned_by, owner_reference, plan
 
 from dsv_helpers import children, find
 
@@ -259,7 +259,13 @@ def test_owner_reference_and_adopt() -> None:
     assert adopted["metadata"]["ownerReferences"] == [{
         "apiVersion": "duplex.dev/v1alpha1", "kind": "DisaggregatedServing", "name": "demo", "uid": "uid-1",
         "controller": True, "blockOwnerDeletion": True}]
-    assert {k: v for k, v in adopted["metadata"].items() if k != "ownerReferences"} == child["metadata"]
+    rest = {k: v for k, v in adopted["metadata"].items() if k not in ("ownerReferences", "annotations")}
+    assert rest == {k: v for k, v in child["metadata"].items() if k != "annotations"}
+    stamp = adopted["metadata"]["annotations"][APPLIED_HASH]
+    assert adopt(child, PARENT)["metadata"]["annotations"][APPLIED_HASH] == stamp  # deterministic
+    edited = copy.deepcopy(child)
+    edited["metadata"]["labels"] = {**edited["metadata"].get("labels", {}), "extra": "x"}
+    assert adopt(edited, PARENT)["metadata"]["annotations"][APPLIED_HASH] != stamp
     assert owned_by(adopted, "uid-1") and not owned_by(adopted, "uid-2") and not owned_by(child, "uid-1")
     assert not owned_by({"metadata": {"ownerReferences": None}}, "uid-1") and not owned_by({}, "uid-1")
 

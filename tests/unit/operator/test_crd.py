@@ -168,7 +168,9 @@ VIOLATIONS: dict[str, list[dict[str, Any]]] = {
     ],
     "ModelCache": [{}],
     "RolloutSpec": [{"maxSurge": 0, "maxUnavailable": 0}],
-    "ConversationSpec": [{"bodyField": None, "header": None}],
+    "ConversationSpec": [{"bodyField": "", "header": ""}],
+    "EnvVar": [{"name": "X", "value": "x", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+    "KVTransferSpec": [{"sideChannelPort": 8000}],
     "RedisSpec": [{}],
     "StoreSpec": [{"type": "redis"}],
     "RouterSpec": [{"replicas": 2}],
@@ -183,6 +185,11 @@ def set_in(body: dict[str, Any], path: tuple[Any, ...], patch: dict[str, Any]) -
     if not path:
         return merge(body, patch)
     head, rest = path[0], path[1:]
+    if isinstance(head, int):
+        items = list(body or [])
+        items += [{}] * (head + 1 - len(items))
+        items[head] = set_in(items[head], rest, patch)
+        return items  # type: ignore[return-value]
     out = dict(body)
     out[head] = set_in(body.get(head) or {}, rest, patch)
     return out

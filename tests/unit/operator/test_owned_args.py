@@ -105,9 +105,10 @@ def test_one_rule_per_owned_flag_group_reported_at_extra_args(role: str | None) 
     assert len(rules) == len(OWNED_FLAGS)
     assert all(r.field_path == ".extraArgs" for r in rules)
     for rule, (flags, _) in zip(rules, OWNED_FLAGS):
-        assert rule.cel.startswith("!has(self.extraArgs) || !self.extraArgs.exists(a, ")
+        assert rule.cel.startswith("!has(self.extraArgs) || !self.extraArgs.map(a, ")
+        assert "a.split('=')[0].split('.')[0].replace('_', '-')" in rule.cel  # the same key normalisation
         for f in flags:
-            assert f"a == '{f}' || a.startsWith('{f}=')" in rule.cel
+            assert f"k == '{f}' ||" in rule.cel and f"'{f}'.startsWith(k)" in rule.cel
 
 
 @pytest.mark.parametrize("role", [None, "prefill", "decode"])

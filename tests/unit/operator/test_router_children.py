@@ -65,7 +65,7 @@ def test_router_json_conversation_defaults() -> None:
 
 def test_router_json_carries_the_spec_ttls_and_identity() -> None:
     conv = parsed_config({"kvTransfer": {"decodeBlocksTTL": 900},
-                          "router": {"conversation": {"ttl": 600, "header": None, "bodyField": "session",
+                          "router": {"conversation": {"ttl": 600, "header": "", "bodyField": "session",
                                                       "tenantHeader": "X-Tenant"}}}).conversation
     assert conv.ttl_seconds == 600.0 and conv.engine_blocks_ttl_seconds == 900.0
     assert conv.body_field == "session" and conv.header is None and conv.tenant_header == "X-Tenant"

@@ -149,8 +149,6 @@ def test_quantity_given_as_a_yaml_number_is_rejected() -> None:
     ("model.cache.hostPath.path", "relative/dir"),
     ("model.cache.mountPath", "models"),
     ("router.store.redis.url", "http://redis:6379"),
-    ("router.conversation.bodyField", ""),
-    ("router.conversation.header", ""),
     ("router.conversation.tenantHeader", ""),
     ("prefill.priorityClassName", "p" * 254),
     ("prefill.nodeSelector.pool", "v" * 64),
@@ -321,12 +319,14 @@ def test_redis_with_one_source_accepted(redis: dict[str, Any]) -> None:
 
 
 def test_conversation_needs_body_field_or_header() -> None:
-    body = spec_dict({"router": {"conversation": {"bodyField": None, "header": None}}})
+    body = spec_dict({"router": {"conversation": {"bodyField": "", "header": ""}}})
     assert errors_of(body) == [
         "spec.router.conversation: router.conversation needs bodyField or header to read the conversation id"
     ]
-    assert spec({"router": {"conversation": {"bodyField": None}}}).router.conversation.header == "X-Conversation-Id"
-    assert spec({"router": {"conversation": {"header": None}}}).router.conversation.body_field == "conversation_id"
+    assert spec({"router": {"conversation": {"bodyField": ""}}}).router.conversation.header == "X-Conversation-Id"
+    assert spec({"router": {"conversation": {"header": ""}}}).router.conversation.body_field == "conversation_id"
+    # An explicit null is pruned and re-defaulted, as the API server does.
+    assert spec({"router": {"conversation": {"header": None}}}).router.conversation.header == "X-Conversation-Id"
 
 
 @pytest.mark.parametrize("cache", [{}, {"pvc": {"claimName": "c"}, "hostPath": {"path": "/m"}}, {"mountPath": "/m"}])

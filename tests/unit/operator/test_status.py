@@ -105,7 +105,7 @@ def test_ready_but_not_updated_is_not_ready() -> None:
     s = serving({"decode": {"replicas": 2}})
     c = conds(compute(deployments, s=s))
     assert c["DecodeReady"]["status"] == "False" and c["Ready"]["status"] == "False"
-    assert c["DecodeReady"]["message"] == "2/2 decode pods ready, 1 updated"
+    assert c["DecodeReady"]["message"] == "1/2 decode pods updated, 1 old still running"
     assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("True", "RollingOut")
     assert c["Progressing"]["message"] == "rolling out: decode"
 
