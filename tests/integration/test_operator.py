@@ -282,8 +282,13 @@ def test_noop_resync_makes_zero_writes(op, cluster, kubectl, namespace, wait_for
     wait_seconds(10)
     writes = operator_writes(cluster.audit_log_path, since, namespace)
     assert writes == [], [(w["verb"], w["objectRef"]) for w in writes]
-    # The same window did read: the operator was alive and resyncing, not idle.
+    # The same window was not idle: the operator kept resyncing (its own metrics count the passes).
     assert op.alive()
+    passes = op.metric("duplex_reconciles_total", result="ok")
+    wait_for(lambda: op.metric("duplex_reconciles_total", result="ok") >= passes + 2, timeout=20,
+             what="more resync passes")
+    assert op.metric("duplex_managed_objects", namespace=namespace, serving="qwen3-32b", kind="Deployment") == 3
+    assert op.metric("duplex_reconcile_duration_seconds_count") > 0
 
 
 def test_operator_killed_mid_reconcile_converges_without_duplicates(op, kubectl, namespace, wait_for):
