@@ -1,0 +1,424 @@
+"""Router benchmark: duplex's router against the floor (no router) and the vLLM project's Rust router on the same
+simulated engines (zero compute delay), plus the memory and lookup cost of the router's conversation store.
+
+    python bench/router_bench.py            # the full run (~10 min on 2 cores); writes bench/results/router-<date>.*
+    python bench/router_bench.py --quick    # a short smoke run; writes bench/results/router-<date>-quick.*
+
+See docs/benchmarks.md for what is measured and how to read the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from typing import Any
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+sys.path.insert(0, BENCH)
+
+import aiohttp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import history_bench  # noqa: E402
+import procstat  # noqa: E402
+import report  # noqa: E402
+from contenders import DuplexRouter, Floor, VllmRouter, ensure_vllm_router, metric_sum, scrape  # noqa: E402
+from loadgen import Workload, run_cell  # noqa: E402
+
+from duplex_sidecars.sim.launcher import SimProcess  # noqa: E402
+
+CONTENDERS = ("floor", "duplex", "vllm-router")
+STORE_VARIANTS = ("as-written", "json-bytes", "array-u32", "delta-zlib")
+_T0 = time.monotonic()
+
+
+def say(msg: str) -> None:
+    print(f"[{time.monotonic() - _T0:6.1f}s] {msg}", flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="short smoke run: 1 round, short windows, small store sizes")
+    p.add_argument("--rounds", type=int, help="rounds over every cell (default 3; quick 1)")
+    p.add_argument("--duration", type=float, help="measurement window per cell, seconds (default 4; quick 1.5)")
+    p.add_argument("--warmup", type=float, help="unmeasured start of each cell, seconds (default 1; quick 0.3)")
+    p.add_argument("--clients", default="1,16,64", help="concurrent clients per cell, comma-separated")
+    p.add_argument("--modes", default="non-stream,stream", help="non-stream and/or stream")
+    p.add_argument("--contenders", default=",".join(CONTENDERS), help="subset of " + ",".join(CONTENDERS))
+    w = p.add_argument_group("workload (per conversation)")
+    w.add_argument("--turns", type=int, default=Workload.turns)
+    w.add_argument("--system-words", type=int, default=Workload.system_words)
+    w.add_argument("--user-words", type=int, default=Workload.user_words)
+    w.add_argument("--reply-tokens", type=int, default=Workload.reply_tokens)
+    e = p.add_argument_group("engines")
+    e.add_argument("--num-blocks", type=int, default=200_000, help="KV blocks per simulated engine")
+    e.add_argument("--block-bytes", type=int, default=256, help="bytes per KV block (the NIXL copy size)")
+    e.add_argument("--engine-blocks-ttl", type=float, default=30.0,
+                   help="decode's decoder_kv_blocks_ttl; short so that blocks nobody reads come back soon")
+    e.add_argument("--kv-recompute-threshold", type=int, default=16,
+                   help="prefill's kv_recompute_threshold: pulls of fewer remote tokens are recomputed")
+    e.add_argument("--conversation-ttl", type=float, default=20.0, help="duplex router conversation TTL")
+    e.add_argument("--vllm-router-arg", action="append", default=[], metavar="ARG",
+                   help="extra vllm-router flag (repeatable), e.g. --vllm-router-arg=--policy=round_robin")
+    s = p.add_argument_group("conversation store")
+    s.add_argument("--store-sizes", help="conversations per measurement (default 10000,100000,1000000; quick 1000,10000)")
+    s.add_argument("--store-blocks", type=int, default=2048, help="block ids per entry (32k tokens / block size 16)")
+    s.add_argument("--store-mem-cap-gib", type=float, default=3.0,
+                   help="largest RSS one store measurement may take; bigger ones are projected, not run")
+    s.add_argument("--store-variants", default=",".join(STORE_VARIANTS))
+    p.add_argument("--history-sizes", help="history tokens for the per-request router work (default "
+                                           "1024,8192,32768)")
+    p.add_argument("--skip-load", action="store_true", help="skip the load measurement")
+    p.add_argument("--skip-store", action="store_true", help="skip the conversation store measurement")
+    p.add_argument("--skip-history", action="store_true", help="skip the per-request work vs history length")
+    p.add_argument("--no-install", action="store_true", help="fail instead of pip-installing vllm-router")
+    p.add_argument("--out", help="results path without extension (default bench/results/router-<date>[-quick])")
+    args = p.parse_args(argv)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.duration = args.duration or (1.5 if args.quick else 4.0)
+    args.warmup = args.warmup if args.warmup is not None else (0.3 if args.quick else 1.0)
+    args.store_sizes = [int(x) for x in (args.store_sizes or ("1000,10000" if args.quick else
+                                                              "10000,100000,1000000")).split(",")]
+    args.history_sizes = [int(x) for x in (args.history_sizes or "1024,8192,32768").split(",")]
+    args.clients = [int(x) for x in args.clients.split(",")]
+    args.modes = [m.strip() for m in args.modes.split(",")]
+    args.contenders = [c.strip() for c in args.contenders.split(",")]
+    args.store_variants = [v.strip() for v in args.store_variants.split(",")]
+    for c in args.contenders:
+        if c not in CONTENDERS:
+            p.error(f"unknown contender {c!r}")
+    for m in args.modes:
+        if m not in ("non-stream", "stream"):
+            p.error(f"unknown mode {m!r}")
+    return args
+
+
+# ---- load ---------------------------------------------------------------------------------------------------------
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) * 1000 if values else None
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:7.2f} ms" if value is not None else "      - ms"
+
+
+async def _cell(contender: Any, session: aiohttp.ClientSession, workload: Workload, clients: int, stream: bool,
+                args: argparse.Namespace, prefill: SimProcess, decode: SimProcess) -> dict[str, Any]:
+    pid = contender.pid
+    pids = {"router": pid, "prefill": prefill.process.pid, "decode": decode.process.pid, "loadgen": os.getpid()}
+    cpu: dict[str, dict[str, float]] = {"start": {}, "end": {}}
+
+    async def on_window(edge: str) -> None:
+        cpu[edge] = {k: procstat.cpu_seconds(v) for k, v in pids.items() if v}
+        cpu[edge]["machine"] = procstat.machine_busy_seconds()
+        if pid:
+            cpu[edge]["router_user"], cpu[edge]["router_sys"] = procstat.cpu_times(pid)
+
+    router_url = getattr(contender, "metrics_url", None)
+    before = await asyncio.gather(scrape(session, prefill.url + "/metrics"),
+                                  scrape(session, router_url) if router_url else asyncio.sleep(0, {}))
+    run = await run_cell(contender, session, workload, clients, stream, args.warmup, args.duration, on_window)
+    after = await asyncio.gather(scrape(session, prefill.url + "/metrics"),
+                                 scrape(session, router_url) if router_url else asyncio.sleep(0, {}))
+    lat = [s.latency for s in run.samples]
+    ttfb = [s.ttfb for s in run.samples]
+    n = len(run.samples)
+    used = {k: cpu["end"][k] - cpu["start"][k] for k in cpu["end"]}
+    # CPU that processes outside the benchmark took from the machine during the window (other users' load).
+    router_split = {k: used.pop(k) for k in ("router_user", "router_sys") if k in used}
+    others = used.pop("machine") - sum(used.values())
+    prefill_delta = {src: metric_sum(after[0], "vllm:prompt_tokens_by_source_total", source=src)
+                     - metric_sum(before[0], "vllm:prompt_tokens_by_source_total", source=src)
+                     for src in ("local_compute", "local_cache_hit", "external_kv_transfer")}
+    skips = {}
+    for (name, labels), value in after[0].items():
+        if name == "sim_recompute_skips_total":
+            reason = dict(labels).get("reason", "?")
+            skips[reason] = value - before[0].get((name, labels), 0.0)
+    out: dict[str, Any] = {
+        "contender": contender.name,
+        "stream": stream,
+        "clients": clients,
+        "requests": n,
+        "followups": sum(1 for s in run.samples if s.turn > 0),
+        "errors": run.errors,
+        "error_examples": run.error_examples,
+        "req_s": n / args.duration,
+        "p50_ms": _pct(lat, 50),
+        "p90_ms": _pct(lat, 90),
+        "p99_ms": _pct(lat, 99),
+        "ttfb_p50_ms": _pct(ttfb, 50),
+        "ttfb_p99_ms": _pct(ttfb, 99),
+        "cpu_s": used,
+        "others_cpu_cores": max(0.0, others) / args.duration,
+        "router_cpu_per_1k_s": used["router"] / n * 1000 if pid and n else None,
+        "router_user_sys_per_1k_s": [v / n * 1000 for v in router_split.values()] if pid and n else None,
+        "router_rss_mib": procstat.rss_bytes(pid) / 2**20 if pid else None,
+        "prefill_tokens": prefill_delta,
+        "recompute_skips": {k: v for k, v in skips.items() if v},
+    }
+    if contender.name == "duplex":
+        hits = metric_sum(after[1], "duplex_router_kv_reuse_hits_total") - \
+            metric_sum(before[1], "duplex_router_kv_reuse_hits_total")
+        misses: dict[str, float] = {}
+        for (name, labels), value in after[1].items():
+            if name == "duplex_router_kv_reuse_misses_total":
+                delta = value - before[1].get((name, labels), 0.0)
+                if delta:
+                    misses[dict(labels)["reason"]] = delta
+        out["reuse"] = {"hits": hits, "misses": misses, "source": "router metrics (whole cell)"}
+    elif contender.name == "floor":
+        out["reuse"] = {"hits": run.replayed, "misses": {"first_turn_or_none": n - run.replayed},
+                        "source": "client-side replays (window)"}
+    else:
+        out["reuse"] = {"hits": 0, "misses": {}, "source": "no conversation reuse in vllm-router"}
+    reuse = out["reuse"]
+    total = reuse["hits"] + sum(reuse["misses"].values())
+    reuse["hit_ratio"] = reuse["hits"] / total if total else 0.0
+    return out
+
+
+async def run_load(args: argparse.Namespace, contenders: dict[str, Any], prefill: SimProcess,
+                   decode: SimProcess) -> list[dict[str, Any]]:
+    workload = Workload(turns=args.turns, system_words=args.system_words, user_words=args.user_words,
+                        reply_tokens=args.reply_tokens)
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+    cells: list[dict[str, Any]] = []
+    total = args.rounds * len(args.modes) * len(args.clients) * len(args.contenders)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
+        # One short unmeasured pass per contender: connections, caches and imports warmed before round 1.
+        for name in args.contenders:
+            await run_cell(contenders[name], session, workload, 4, False, 0.0, 0.5)
+        for rnd in range(args.rounds):
+            order = args.contenders[rnd % len(args.contenders):] + args.contenders[:rnd % len(args.contenders)]
+            for mode in args.modes:
+                for clients in args.clients:
+                    for name in order:
+                        cell = await _cell(contenders[name], session, workload, clients, mode == "stream", args,
+                                           prefill, decode)
+                        cell["round"] = rnd + 1
+                        cells.append(cell)
+                        say(f"cell {len(cells)}/{total} round {rnd + 1} {mode:10s} {clients:3d} clients "
+                            f"{name:11s} {cell['req_s']:7.1f} req/s  p50 {_ms(cell['p50_ms'])}  "
+                            f"p99 {_ms(cell['p99_ms'])}  ttfb p50 {_ms(cell['ttfb_p50_ms'])}  "
+                            + (f"cpu/1k {cell['router_cpu_per_1k_s']:.2f} s  " if cell["router_cpu_per_1k_s"]
+                               is not None else "")
+                            + f"reuse {cell['reuse']['hit_ratio']:.0%}  errors {cell['errors']}")
+                        await asyncio.sleep(0.2)
+    return cells
+
+
+def summarize(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Medians over rounds per (mode, clients, contender); added latency from per-round deltas to the floor."""
+    floor = {(c["round"], c["stream"], c["clients"]): c for c in cells if c["contender"] == "floor"}
+    groups: dict[tuple[bool, int, str], list[dict[str, Any]]] = {}
+    for c in cells:
+        groups.setdefault((c["stream"], c["clients"], c["contender"]), []).append(c)
+    rows = []
+    for (stream, clients, name), runs in groups.items():
+        def med(key: str, runs: list[dict[str, Any]] = runs) -> float | None:
+            vals = [r[key] for r in runs if r.get(key) is not None]
+            return statistics.median(vals) if vals else None
+
+        def added(key: str) -> float | None:
+            deltas = [r[key] - floor[(r["round"], stream, clients)][key] for r in runs
+                      if (r["round"], stream, clients) in floor]
+            return statistics.median(deltas) if deltas and name != "floor" else None
+
+        rows.append({
+            "stream": stream, "clients": clients, "contender": name, "rounds": len(runs),
+            "req_s": med("req_s"), "p50_ms": med("p50_ms"), "p99_ms": med("p99_ms"),
+            "ttfb_p50_ms": med("ttfb_p50_ms"), "ttfb_p99_ms": med("ttfb_p99_ms"),
+            "added_p50_ms": added("p50_ms"), "added_ttfb_p50_ms": added("ttfb_p50_ms"),
+            "router_cpu_per_1k_s": med("router_cpu_per_1k_s"),
+            "router_user_per_1k_s": statistics.median(r["router_user_sys_per_1k_s"][0] for r in runs)
+            if runs[0].get("router_user_sys_per_1k_s") else None,
+            "router_sys_per_1k_s": statistics.median(r["router_user_sys_per_1k_s"][1] for r in runs)
+            if runs[0].get("router_user_sys_per_1k_s") else None,
+            "router_rss_mib": max((r["router_rss_mib"] for r in runs if r["router_rss_mib"]), default=None),
+            "hit_ratio": statistics.median(r["reuse"]["hit_ratio"] for r in runs),
+            "external_kv_tokens": sum(r["prefill_tokens"]["external_kv_transfer"] for r in runs),
+            "requests": sum(r["requests"] for r in runs), "errors": sum(r["errors"] for r in runs),
+            "others_cpu_cores": med("others_cpu_cores"),
+        })
+    order = {n: i for i, n in enumerate(CONTENDERS)}
+    rows.sort(key=lambda r: (r["stream"], r["clients"], order[r["contender"]]))
+    return rows
+
+
+# ---- store --------------------------------------------------------------------------------------------------------
+
+def _store_run(size: int, variant: str, params: str, ids: str, blocks: int, timeout: float) -> dict[str, Any]:
+    cmd = [sys.executable, os.path.join(BENCH, "store_bench.py"), "--size", str(size), "--variant", variant,
+           "--params", params, "--ids", ids, "--blocks", str(blocks)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_store(args: argparse.Namespace) -> dict[str, Any]:
+    cap = args.store_mem_cap_gib * 2**30
+    cap = min(cap, procstat.mem_available_bytes() * 0.6)
+    results: list[dict[str, Any]] = []
+    per_conv: dict[str, float] = {}  # last measured bytes/conversation with real payload, by variant
+
+    def run(size: int, variant: str, params: str, ids: str = "churned") -> dict[str, Any]:
+        say(f"store: {variant:10s} {size:>9,} conversations ({params} params, {ids} ids) ...")
+        r = _store_run(size, variant, params, ids, args.store_blocks, timeout=900)
+        say(f"store: {variant:10s} {size:>9,} -> {r['bytes_per_conversation']:>9,.0f} B/conversation, "
+            f"put {r['put_us']:.1f} us, take {r['take_us']:.1f} us (fill {r['fill_seconds']} s)")
+        results.append(r)
+        return r
+
+    for size in args.store_sizes:
+        for variant in args.store_variants:
+            estimate = per_conv.get(variant, 90_000 if variant == "as-written" else 16_000) * size
+            if variant == "as-written":
+                # Structure and timing always; the block-id payload only where it fits (else it is projected).
+                shared = run(size, variant, "shared")
+                if estimate <= cap:
+                    full = run(size, variant, "unique")
+                    per_conv[variant] = full["bytes_per_conversation"]
+                    payload = full["bytes_per_conversation"] - shared["bytes_per_conversation"]
+                    per_conv["as-written-payload"] = payload
+                else:
+                    payload = per_conv.get("as-written-payload")
+                    say(f"store: as-written {size:,} not run with real payload: ~{estimate / 2**30:.1f} GiB "
+                        f"exceeds the {cap / 2**30:.1f} GiB cap; projected")
+                    results.append({**shared, "params": "projected",
+                                    "bytes_per_conversation": (shared["bytes_per_conversation"] + payload)
+                                    if payload is not None else None,
+                                    "projected_from": "structure measured at this size + block-id payload "
+                                                      "measured at the largest size that fit"})
+            elif estimate <= cap:
+                r = run(size, variant, "shared")
+                per_conv[variant] = r["bytes_per_conversation"]
+            else:
+                say(f"store: {variant} {size:,} skipped: ~{estimate / 2**30:.1f} GiB exceeds the cap")
+    # The worst case for compact encodings: block ids with no runs at all.
+    smallest = min(args.store_sizes)
+    for variant in args.store_variants:
+        if variant != "as-written":
+            run(smallest, variant, "shared", ids="random")
+    return {"results": results, "cap_gib": round(cap / 2**30, 2), "blocks": args.store_blocks}
+
+
+# ---- main ---------------------------------------------------------------------------------------------------------
+
+def _command() -> str:
+    exe = sys.executable
+    rel = os.path.relpath(exe, ROOT)
+    return shlex.join([rel if not rel.startswith("..") else exe, *sys.argv])
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    started = dt.datetime.now(dt.timezone.utc)
+    meta: dict[str, Any] = {
+        "command": _command(),
+        "started_utc": started.isoformat(timespec="seconds"),
+        "machine": procstat.machine_facts(ROOT),
+        "loadavg_start": os.getloadavg(),
+        "quick": args.quick,
+    }
+    say(f"router benchmark: {meta['command']}")
+    say(f"machine: {meta['machine']['nproc']} CPUs ({meta['machine']['cpu_model']}), python "
+        f"{meta['machine']['python']}, load average {meta['loadavg_start'][0]:.2f}")
+    load: dict[str, Any] = {}
+    if not args.skip_load:
+        if "vllm-router" in args.contenders:
+            meta["machine"]["vllm_router"] = ensure_vllm_router(install=not args.no_install)
+        engine_args = ["--num-blocks", str(args.num_blocks), "--block-bytes", str(args.block_bytes),
+                       "--decoder-kv-blocks-ttl", str(args.engine_blocks_ttl), "--kv-lease-duration", "30",
+                       "--log-level", "warning"]
+        load["settings"] = {
+            "rounds": args.rounds, "duration_s": args.duration, "warmup_s": args.warmup, "clients": args.clients,
+            "modes": args.modes, "contenders": args.contenders,
+            "workload": {"turns": args.turns, "system_words": args.system_words, "user_words": args.user_words,
+                         "reply_tokens": args.reply_tokens},
+            # A 32-token reply is worth pulling: below vLLM's default threshold of 64 prefill would recompute it.
+            "prefill_args": [*engine_args, "--kv-load-failure-policy", "recompute",
+                             "--kv-recompute-threshold", str(args.kv_recompute_threshold)],
+            "decode_args": engine_args,
+            "duplex_router": {"conversation_ttl_s": args.conversation_ttl,
+                              "engine_blocks_ttl_s": args.engine_blocks_ttl},
+        }
+        with ExitStack() as stack:
+            say("starting the simulated engines (prefill, decode) ...")
+            prefill = SimProcess("prefill", *load["settings"]["prefill_args"], startup_timeout=60)
+            decode = SimProcess("decode", *engine_args, startup_timeout=60)
+            stack.callback(decode.stop)
+            stack.callback(prefill.stop)
+            prefill.start(), decode.start()
+            prefill.wait_ready(), decode.wait_ready()
+            contenders: dict[str, Any] = {"floor": Floor(prefill.url, decode.url)}
+            if "duplex" in args.contenders:
+                contenders["duplex"] = DuplexRouter(prefill.url, decode.url, args.conversation_ttl,
+                                                    args.engine_blocks_ttl)
+            if "vllm-router" in args.contenders:
+                contenders["vllm-router"] = VllmRouter(prefill.url, decode.url, args.vllm_router_arg)
+                load["settings"]["vllm_router_command"] = shlex.join(contenders["vllm-router"].command())
+            for c in contenders.values():
+                if hasattr(c, "start"):
+                    stack.callback(c.stop)
+                    c.start()
+            for c in contenders.values():
+                if hasattr(c, "wait_ready"):
+                    c.wait_ready()
+            say(f"engines {prefill.url} {decode.url}; routers " + ", ".join(
+                f"{n} {c.url} (pid {c.pid})" for n, c in contenders.items() if c.pid))
+            cells = asyncio.run(run_load(args, contenders, prefill, decode))
+            load["cells"] = cells
+            load["summary"] = summarize(cells)
+            load["engine_errors"] = {"prefill_failed_kv_loads": prefill.metric("vllm:nixl_num_failed_transfers_total"),
+                                     "decode_failed_kv_loads": decode.metric("vllm:nixl_num_failed_transfers_total"),
+                                     "prefill_corrupt_blocks": prefill.metric("sim_corrupt_blocks_total")}
+        say("engines and routers stopped")
+    store = run_store(args) if not args.skip_store else {}
+    history: list[dict[str, Any]] = []
+    if not args.skip_history:
+        for tokens in args.history_sizes:
+            history += history_bench.run([tokens], budget=0.1 if args.quick else 0.5)
+            say(f"history: {tokens:,} tokens -> {history[-1]['total_us']:,.0f} us of router work per request")
+    meta["finished_utc"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    meta["loadavg_end"] = os.getloadavg()
+    results = {"meta": meta, "load": load, "store": store, "history": history}
+    results["targets"] = report.targets(results)
+    out = args.out or os.path.join(BENCH, "results", f"router-{started.date().isoformat()}"
+                                   + ("-quick" if args.quick else ""))
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out + ".json", "w") as f:
+        json.dump(results, f, indent=1, default=float)
+        f.write("\n")
+    markdown = report.markdown(results)
+    with open(out + ".md", "w") as f:
+        f.write(markdown)
+    print(markdown)
+    say(f"wrote {os.path.relpath(out, ROOT)}.md and .json")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted; processes stopped", file=sys.stderr)
+        sys.exit(130)
