@@ -84,14 +84,9 @@ class OperatorProcess:
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of the operator's /metrics samples named `name` whose labels match."""
-        import urllib.request
+        from duplex_sidecars import processes
 
-        from prometheus_client.parser import text_string_to_metric_families
-
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-                   if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+        return processes.metric_sum(processes.scrape(f"http://127.0.0.1:{self.metrics_port}/metrics"), name, **labels)
 
     def log_tail(self, lines: int = 60) -> str:
         try:

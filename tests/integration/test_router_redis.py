@@ -16,7 +16,7 @@ import pytest
 
 from duplex_sidecars.router.client import ChatClient, Conversation
 from duplex_sidecars.router.launcher import RedisServer, RouterProcess
-from duplex_sidecars.sim.launcher import SimProcess
+from duplex_sidecars.sim.launcher import SimProcess, sim_pair
 
 pytestmark = pytest.mark.redis
 
@@ -36,13 +36,8 @@ def redis_server() -> Iterator[RedisServer]:
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[tuple[SimProcess, SimProcess]]:
-    prefill, decode = SimProcess("prefill", "--no-enable-prefix-caching"), SimProcess("decode")
-    try:
-        prefill.start(), decode.start()
-        prefill.wait_ready(), decode.wait_ready()
-        yield prefill, decode
-    finally:
-        prefill.stop(), decode.stop()
+    with sim_pair(prefill_args=["--no-enable-prefix-caching"]) as pair:
+        yield pair
 
 
 @pytest.fixture

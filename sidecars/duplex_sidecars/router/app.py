@@ -25,6 +25,7 @@ from duplex_sidecars.router.legs import make_session
 from duplex_sidecars.router.metrics import RouterMetrics
 from duplex_sidecars.router.store import MemoryStore, RedisStore, Store, StoreError, make_store
 from duplex_sidecars.router.turn import ROUTES, parse_turn, read_body
+from duplex_sidecars.tasks import cancel_all
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +72,7 @@ class Router:
             self._tasks.append(loop.create_task(self._watch_config()))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
-        self._tasks.clear()
+        await cancel_all(self._tasks)
         if self.prober is not None:
             await self.prober.stop()
         if self.watcher is not None:

@@ -20,6 +20,7 @@ import aiohttp
 
 from duplex_sidecars.router.config import EndpointSliceDiscovery
 from duplex_sidecars.router.endpoints import DECODE, PREFILL
+from duplex_sidecars.tasks import cancel_all
 
 log = logging.getLogger(__name__)
 
@@ -128,14 +129,7 @@ class EndpointSliceWatcher:
             self._tasks.append(loop.create_task(self._run(role, service)))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
-        self._tasks.clear()
+        await cancel_all(self._tasks)
         if self._session is not None:
             await self._session.close()
             self._session = None

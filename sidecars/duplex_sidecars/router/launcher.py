@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -25,19 +24,12 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from duplex_sidecars import processes
 from duplex_sidecars.sim.launcher import free_port
 
 
 class LaunchError(RuntimeError):
     pass
-
-
-def _tail(path: str, lines: int = 40) -> str:
-    try:
-        with open(path, "rb") as f:
-            return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
-    except OSError:
-        return ""
 
 
 class RouterProcess:
@@ -102,28 +94,13 @@ class RouterProcess:
         return self
 
     def stop(self, timeout: float = 10.0) -> int | None:
-        proc = self.process
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        return proc.returncode
+        return processes.stop(self.process, timeout)
 
     def log_tail(self, lines: int = 40) -> str:
-        return _tail(self.log_path, lines)
+        return processes.log_tail(self.log_path, lines)
 
     def metric(self, name: str, **labels: str) -> float:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-                   if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+        return processes.metric_sum(processes.scrape(self.url + "/metrics"), name, **labels)
 
     def __enter__(self) -> RouterProcess:
         try:
@@ -182,18 +159,12 @@ class RedisServer:
         while not self._ping():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise LaunchError(f"redis-server did not start:\n{_tail(self.log_path)}")
+                raise LaunchError(f"redis-server did not start:\n{processes.log_tail(self.log_path)}")
             time.sleep(0.05)
         return self
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        processes.stop(self.process, timeout=5)
 
     def __enter__(self) -> RedisServer:
         return self.start()

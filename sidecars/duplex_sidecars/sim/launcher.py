@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -46,6 +45,8 @@ import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
+
+from duplex_sidecars import processes
 
 _handed_out: set[int] = set()
 
@@ -166,42 +167,21 @@ class SimProcess:
         return self
 
     def stop(self, timeout: float = 10.0) -> int | None:
-        proc = self.process
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if proc.returncode == 0 and not self.keep_log:
+        code = processes.stop(self.process, timeout)
+        if code == 0 and not self.keep_log:
             with contextlib.suppress(OSError):
                 os.remove(self.log_path)
-        return proc.returncode
+        return code
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
-        except OSError:
-            return ""
+        return processes.log_tail(self.log_path, lines)
 
     # -- observation ------------------------------------------------------------------------------------------
     def metrics(self) -> list[tuple[str, dict[str, str], float]]:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        return [(s.name, s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples]
+        return processes.scrape(f"{self.url}/metrics")
 
     def metric(self, name: str, **labels: str) -> float:
-        return sum(
-            value
-            for n, lbls, value in self.metrics()
-            if n == name and all(lbls.get(k) == v for k, v in labels.items())
-        )
+        return processes.metric_sum(self.metrics(), name, **labels)
 
     # -- context managers -------------------------------------------------------------------------------------
     def __enter__(self) -> SimProcess:
