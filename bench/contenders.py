@@ -31,12 +31,15 @@ def _dumps(obj: Any) -> bytes:
 
 
 class Floor:
-    """No router: the client runs both legs, and keeps decode's replayable params per conversation itself."""
+    """No router: the client runs both legs. With `reuse` it keeps decode's replayable params per conversation and
+    replays them (the engine work behind duplex); without, every prefill leg carries the miss payload (the engine
+    work behind a router without conversation reuse)."""
 
-    name = "floor"
     pid: int | None = None
 
-    def __init__(self, prefill_url: str, decode_url: str):
+    def __init__(self, prefill_url: str, decode_url: str, reuse: bool = True):
+        self.name = "floor" if reuse else "floor-recompute"
+        self.reuse = reuse
         self.prefill_url = prefill_url + CHAT_PATH
         self.decode_url = decode_url + CHAT_PATH
 
@@ -55,7 +58,7 @@ class Floor:
         async with session.post(self.decode_url, data=_dumps(protocol.decode_leg_body(body, params)),
                                 headers=JSON_HEADERS) as resp:
             await read_reply(resp, stream, out)
-        if out.ok:
+        if out.ok and self.reuse:
             conv.replay = protocol.replayable_decode_params(out.kv)
         return out
 

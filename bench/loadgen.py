@@ -157,6 +157,7 @@ class CellRun:
     errors: int = 0
     error_examples: list[str] = field(default_factory=list)
     replayed: int = 0  # floor only
+    followups: int = 0  # successful turns after a conversation's first, over the whole cell
     window: float = 0.0
     window_start: float = 0.0
     window_end: float = 0.0
@@ -197,6 +198,7 @@ async def run_cell(contender: Contender, session: aiohttp.ClientSession, workloa
                 if in_window:
                     run.samples.append(Sample(out.finished - out.started, out.first_byte - out.started, conv.turn))
                     run.replayed += out.replayed
+                run.followups += conv.turn > 0
                 conv.advance(out.text)
             turns = workload.turns
 

@@ -38,7 +38,9 @@ from loadgen import Workload, run_cell  # noqa: E402
 
 from duplex_sidecars.sim.launcher import SimProcess  # noqa: E402
 
-CONTENDERS = ("floor", "duplex", "vllm-router")
+CONTENDERS = ("floor", "floor-recompute", "duplex", "vllm-router")
+# What each contender's added latency is measured against: the floor doing the same engine work.
+BASELINE = {"duplex": "floor", "vllm-router": "floor-recompute"}
 STORE_VARIANTS = ("as-written", "json-bytes", "array-u32", "delta-zlib")
 _T0 = time.monotonic()
 
@@ -51,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="short smoke run: 1 round, short windows, small store sizes")
     p.add_argument("--rounds", type=int, help="rounds over every cell (default 3; quick 1)")
-    p.add_argument("--duration", type=float, help="measurement window per cell, seconds (default 4; quick 1.5)")
+    p.add_argument("--duration", type=float, help="measurement window per cell, seconds (default 3.5; quick 1.5)")
     p.add_argument("--warmup", type=float, help="unmeasured start of each cell, seconds (default 1; quick 0.3)")
     p.add_argument("--clients", default="1,16,64", help="concurrent clients per cell, comma-separated")
     p.add_argument("--modes", default="non-stream,stream", help="non-stream and/or stream")
@@ -86,7 +88,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", help="results path without extension (default bench/results/router-<date>[-quick])")
     args = p.parse_args(argv)
     args.rounds = args.rounds or (1 if args.quick else 3)
-    args.duration = args.duration or (1.5 if args.quick else 4.0)
+    args.duration = args.duration or (1.5 if args.quick else 3.5)
     args.warmup = args.warmup if args.warmup is not None else (0.3 if args.quick else 1.0)
     args.store_sizes = [int(x) for x in (args.store_sizes or ("1000,10000" if args.quick else
                                                               "10000,100000,1000000")).split(",")]
@@ -152,7 +154,8 @@ async def _cell(contender: Any, session: aiohttp.ClientSession, workload: Worklo
         "stream": stream,
         "clients": clients,
         "requests": n,
-        "followups": sum(1 for s in run.samples if s.turn > 0),
+        "followups_in_window": sum(1 for s in run.samples if s.turn > 0),
+        "followups": run.followups,
         "errors": run.errors,
         "error_examples": run.error_examples,
         "req_s": n / args.duration,
@@ -180,13 +183,16 @@ async def _cell(contender: Any, session: aiohttp.ClientSession, workload: Worklo
                     misses[dict(labels)["reason"]] = delta
         out["reuse"] = {"hits": hits, "misses": misses, "source": "router metrics (whole cell)"}
     elif contender.name == "floor":
-        out["reuse"] = {"hits": run.replayed, "misses": {"first_turn_or_none": n - run.replayed},
+        out["reuse"] = {"hits": run.replayed, "misses": {"first_turn": n - run.replayed},
                         "source": "client-side replays (window)"}
+        out["followups"] = out["followups_in_window"]
     else:
-        out["reuse"] = {"hits": 0, "misses": {}, "source": "no conversation reuse in vllm-router"}
+        out["reuse"] = {"hits": 0, "misses": {}, "source": f"no conversation reuse in {contender.name}"}
     reuse = out["reuse"]
     total = reuse["hits"] + sum(reuse["misses"].values())
     reuse["hit_ratio"] = reuse["hits"] / total if total else 0.0
+    # First turns are misses by nature: the share of follow-up turns that replayed says whether reuse works.
+    reuse["followup_hit_ratio"] = min(1.0, reuse["hits"] / out["followups"]) if out["followups"] else 0.0
     return out
 
 
@@ -222,7 +228,8 @@ async def run_load(args: argparse.Namespace, contenders: dict[str, Any], prefill
 
 def summarize(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Medians over rounds per (mode, clients, contender); added latency from per-round deltas to the floor."""
-    floor = {(c["round"], c["stream"], c["clients"]): c for c in cells if c["contender"] == "floor"}
+    floors = {(c["contender"], c["round"], c["stream"], c["clients"]): c for c in cells
+              if c["contender"].startswith("floor")}
     groups: dict[tuple[bool, int, str], list[dict[str, Any]]] = {}
     for c in cells:
         groups.setdefault((c["stream"], c["clients"], c["contender"]), []).append(c)
@@ -233,9 +240,11 @@ def summarize(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
             return statistics.median(vals) if vals else None
 
         def added(key: str) -> float | None:
-            deltas = [r[key] - floor[(r["round"], stream, clients)][key] for r in runs
-                      if (r["round"], stream, clients) in floor]
-            return statistics.median(deltas) if deltas and name != "floor" else None
+            base = BASELINE.get(name)
+            deltas = [r[key] - floors[(base, r["round"], stream, clients)][key] for r in runs
+                      if (base, r["round"], stream, clients) in floors
+                      and r[key] is not None and floors[(base, r["round"], stream, clients)][key] is not None]
+            return statistics.median(deltas) if deltas else None
 
         rows.append({
             "stream": stream, "clients": clients, "contender": name, "rounds": len(runs),
@@ -248,7 +257,9 @@ def summarize(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "router_sys_per_1k_s": statistics.median(r["router_user_sys_per_1k_s"][1] for r in runs)
             if runs[0].get("router_user_sys_per_1k_s") else None,
             "router_rss_mib": max((r["router_rss_mib"] for r in runs if r["router_rss_mib"]), default=None),
+            "baseline": BASELINE.get(name),
             "hit_ratio": statistics.median(r["reuse"]["hit_ratio"] for r in runs),
+            "followup_hit_ratio": statistics.median(r["reuse"]["followup_hit_ratio"] for r in runs),
             "external_kv_tokens": sum(r["prefill_tokens"]["external_kv_transfer"] for r in runs),
             "requests": sum(r["requests"] for r in runs), "errors": sum(r["errors"] for r in runs),
             "others_cpu_cores": med("others_cpu_cores"),
@@ -369,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
             stack.callback(prefill.stop)
             prefill.start(), decode.start()
             prefill.wait_ready(), decode.wait_ready()
-            contenders: dict[str, Any] = {"floor": Floor(prefill.url, decode.url)}
+            contenders: dict[str, Any] = {"floor": Floor(prefill.url, decode.url),
+                                          "floor-recompute": Floor(prefill.url, decode.url, reuse=False)}
             if "duplex" in args.contenders:
                 contenders["duplex"] = DuplexRouter(prefill.url, decode.url, args.conversation_ttl,
                                                     args.engine_blocks_ttl)
