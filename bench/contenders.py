@@ -4,6 +4,7 @@ project's Rust router (`vllm-router` from PyPI). Also starting and stopping thei
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -15,12 +16,11 @@ import urllib.request
 from typing import Any
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
-
 from duplex_sidecars import protocol
 from duplex_sidecars.router.launcher import RouterProcess
 from duplex_sidecars.sim.launcher import free_port
 from loadgen import JSON_HEADERS, Conversation, Outcome, read_reply
+from prometheus_client.parser import text_string_to_metric_families
 
 VLLM_ROUTER_VERSION = "0.1.17"
 CHAT_PATH = "/v1/chat/completions"
@@ -98,8 +98,12 @@ class DuplexRouter(_HttpRouter):
         self.process.wait_ready(60)
 
     def stop(self) -> None:
-        if self.process.stop() == 0:
-            os.remove(self.process.log_path)  # keep the log only when something went wrong
+        clean = self.process.stop() == 0
+        with contextlib.suppress(OSError):
+            if clean:
+                os.remove(self.process.log_path)  # keep the log only when something went wrong
+            if self.process.config_path:
+                os.remove(self.process.config_path)
 
 
 class VllmRouter(_HttpRouter):
@@ -163,7 +167,8 @@ class VllmRouter(_HttpRouter):
                 self.process.kill()
                 self.process.wait()
         if self.process is not None and self.process.returncode == 0:
-            os.remove(self.log_path)  # keep the log only when something went wrong
+            with contextlib.suppress(OSError):
+                os.remove(self.log_path)  # keep the log only when something went wrong
 
     def log_tail(self, lines: int = 30) -> str:
         try:

@@ -8,10 +8,18 @@ from __future__ import annotations
 import json
 import random
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from duplex_sidecars import protocol
-from duplex_sidecars.router.history import CHAT_ROUTE, History, Reply, scope_digest, state_key, tenant_of
+from duplex_sidecars.router.history import (
+    CHAT_ROUTE,
+    History,
+    Reply,
+    scope_digest,
+    state_key,
+    tenant_of,
+)
 
 _WORDS = tuple(a + b for a in "bcdfghklmnprstvz" for b in ("a", "e", "i", "o", "u", "ar", "en", "is"))
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
-
 from duplex_sidecars.protocol import KV_PARAMS_FIELD
 
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -186,7 +185,7 @@ async def run_cell(contender: Contender, session: aiohttp.ClientSession, workloa
                     return
                 try:
                     out = await contender.turn(session, conv, stream)
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError) as exc:
+                except (TimeoutError, aiohttp.ClientError, OSError, ValueError, KeyError) as exc:
                     out = Outcome(False, 0.0, finished=time.perf_counter(), error=f"{type(exc).__name__}: {exc}")
                 in_window = run.window_start <= out.finished <= run.window_end
                 if not out.ok:

@@ -69,7 +69,7 @@ def _version(dist: str) -> str | None:
 
 def _git(root: str, *args: str) -> str | None:
     try:
-        out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -97,5 +97,5 @@ def machine_busy_seconds() -> float:
     """CPU seconds all CPUs spent busy since boot (everything but idle and iowait), from /proc/stat."""
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
-    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
     return (user + nice + system + irq + softirq + steal) / _TICKS

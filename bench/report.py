@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 GIB = 2**30
@@ -85,9 +86,17 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _f(value: Any, fmt: str = "{:.2f}", none: str = "-") -> str:
-    if value is None or value != value:  # None or NaN
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return none
     return fmt.format(value)
+
+
+def _added(r: dict[str, Any]) -> str:
+    rounds = r.get("added_p50_ms_rounds") or []
+    if r.get("added_p50_ms") is None:
+        return "-"
+    spread = f" ({min(rounds):+.1f} .. {max(rounds):+.1f})" if len(rounds) > 1 else ""
+    return f"{r['added_p50_ms']:+.2f}{spread}"
 
 
 def _cpu(r: dict[str, Any]) -> str:
@@ -107,15 +116,15 @@ def _load_tables(load: dict[str, Any]) -> list[str]:
         if not rows:
             continue
         lines += [f"### {_mode(stream).capitalize()}", "",
-                  "| clients | contender | req/s | p50 ms | p99 ms | TTFB p50 ms | TTFB p99 ms | added p50 ms | "
+                  ("| clients | contender | req/s | p50 ms | p99 ms | TTFB p50 ms | TTFB p99 ms | added p50 ms (rounds min .. max) | "
                   "added TTFB p50 ms | router CPU s / 1k req (user + sys) | router RSS MiB | reuse hit ratio "
-                  "(of follow-ups) | prompt tokens via KV transfer | errors | others' CPU (cores) |",
+                  "(of follow-ups) | prompt tokens via KV transfer | errors | others' CPU (cores) |"),
                   "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in rows:
             lines.append(
                 f"| {r['clients']} | {r['contender']} | {_f(r['req_s'], '{:.0f}')} | {_f(r['p50_ms'])} | "
                 f"{_f(r['p99_ms'])} | {_f(r['ttfb_p50_ms'])} | {_f(r['ttfb_p99_ms'])} | "
-                f"{_f(r['added_p50_ms'], '{:+.2f}')} | {_f(r['added_ttfb_p50_ms'], '{:+.2f}')} | "
+                f"{_added(r)} | {_f(r['added_ttfb_p50_ms'], '{:+.2f}')} | "
                 f"{_cpu(r)} | {_f(r['router_rss_mib'], '{:.0f}')} | "
                 f"{r['hit_ratio']:.0%} ({r['followup_hit_ratio']:.0%}) | {r['external_kv_tokens']:,.0f} | "
                 f"{r['errors']} | {_f(r.get('others_cpu_cores'), '{:.2f}')} |")
@@ -124,8 +133,8 @@ def _load_tables(load: dict[str, Any]) -> list[str]:
 
 
 def _store_table(store: dict[str, Any]) -> list[str]:
-    lines = ["| conversations | variant | block ids | bytes / conversation | total GiB | put us | take us | "
-             "how measured |",
+    lines = [("| conversations | variant | block ids | bytes / conversation | total GiB | put us | take us | "
+             "how measured |"),
              "|---:|---|---|---:|---:|---:|---:|---|"]
     rows = sorted(store["results"], key=lambda r: (r["ids"] != "churned", r["size"], r["variant"], r["params"]))
     for r in rows:
@@ -143,10 +152,10 @@ def _store_table(store: dict[str, Any]) -> list[str]:
                      f"{_f(bpc, '{:,.0f}')} | {_f(total, '{:,.2f}')} | {_f(r['put_us'], '{:.1f}')} | "
                      f"{_f(r['take_us'], '{:.1f}')} | {how} |")
     lines += ["", "Variants: " + "; ".join(f"**{k}**: {v}" for k, v in _VARIANT_NOTES.items()) + ".",
-              "put = build the entry from decode's parsed params (encoding included) + `MemoryStore.put`; "
+              ("put = build the entry from decode's parsed params (encoding included) + `MemoryStore.put`; "
               "take = `MemoryStore.take` + the prefill leg's replay params (decoding included); "
               f"both at steady state with the store holding that many conversations. Memory cap for one "
-              f"measurement: {store.get('cap_gib')} GiB.", ""]
+              f"measurement: {store.get('cap_gib')} GiB."), ""]
     return lines
 
 
@@ -159,12 +168,12 @@ def markdown(results: dict[str, Any]) -> str:
         f"Command: `{meta['command']}`",
         "",
         f"- Started {meta['started_utc']}, finished {meta.get('finished_utc')} (UTC)",
-        f"- Machine: nproc {m['nproc']} ({m['cpus_usable']} usable), {m['cpu_model']}, {m['mem_total_gib']} GiB, "
-        f"kernel {m['kernel']}",
+        (f"- Machine: nproc {m['nproc']} ({m['cpus_usable']} usable), {m['cpu_model']}, {m['mem_total_gib']} GiB, "
+        f"kernel {m['kernel']}"),
         f"- Python {m['python']}, aiohttp {m['aiohttp']}, vllm-router {m['vllm_router']}, duplex commit "
         f"{m['git_commit']}" + (" (sidecars/ has uncommitted changes)" if m.get("sidecars_dirty") else ""),
-        f"- Load average at start {meta['loadavg_start'][0]:.2f}, at end {meta.get('loadavg_end', [0])[0]:.2f} "
-        "(everything - load generator, engines, routers - shares this machine)",
+        (f"- Load average at start {meta['loadavg_start'][0]:.2f}, at end {meta.get('loadavg_end', [0])[0]:.2f} "
+        "(everything - load generator, engines, routers - shares this machine)"),
         "",
     ]
     if load:
@@ -182,7 +191,7 @@ def markdown(results: dict[str, Any]) -> str:
             f"duplex router: conversation TTL {s['duplex_router']['conversation_ttl_s']} s. "
             + (f"vllm-router: `{s['vllm_router_command']}`." if s.get("vllm_router_command") else ""),
             "",
-            "*floor* = no router: the load generator runs both legs itself (protocol.py bodies, same HTTP "
+            ("*floor* = no router: the load generator runs both legs itself (protocol.py bodies, same HTTP "
             "client) and replays decode's blocks itself, so the engines do the same work as behind duplex. "
             "*floor-recompute* = the same without replaying (every prefill leg carries the miss payload), the "
             "engine work behind vllm-router, which has no conversation reuse. *added* = median over rounds of "
@@ -196,7 +205,7 @@ def markdown(results: dict[str, Any]) -> str:
             "the prefill engine's `vllm:prompt_tokens_by_source_total{source=\"external_kv_transfer\"}`, summed "
             "over rounds (> 0 proves prefill really read decode's blocks). *router CPU*: utime + stime of the router "
             "process over the window from /proc, per 1000 requests finished in the window. *others' CPU*: CPU the "
-            "machine spent outside the benchmark's processes during the window (other users of this machine).",
+            "machine spent outside the benchmark's processes during the window (other users of this machine)."),
             "",
         ]
         lines += _load_tables(load)
@@ -205,16 +214,16 @@ def markdown(results: dict[str, Any]) -> str:
             lines += ["Engine counters over the whole run: " + ", ".join(f"{k} {v:g}" for k, v in errs.items()), ""]
     if store.get("results"):
         lines += ["## Conversation store", "",
-                  f"One fresh subprocess per row; entries as `reuse.record` stores them for decode replies with "
-                  f"{store['blocks']} block ids (32k tokens, block size 16); bytes = RSS growth / conversations.",
+                  (f"One fresh subprocess per row; entries as `reuse.record` stores them for decode replies with "
+                  f"{store['blocks']} block ids (32k tokens, block size 16); bytes = RSS growth / conversations."),
                   ""]
         lines += _store_table(store)
     history = results.get("history") or []
     if history:
         steps = list(history[0]["steps_us"])
         lines += ["## Router work per request vs history length", "",
-                  "The pure-Python steps the router runs for every turn, timed in-process with its own functions "
-                  "(no HTTP): what long agentic histories add to the CPU per request measured above.", "",
+                  ("The pure-Python steps the router runs for every turn, timed in-process with its own functions "
+                  "(no HTTP): what long agentic histories add to the CPU per request measured above."), "",
                   "| history tokens | messages | body KiB | block ids | " + " | ".join(f"{s} us" for s in steps)
                   + " | total us |",
                   "|---:|---:|---:|---:|" + "---:|" * len(steps) + "---:|"]

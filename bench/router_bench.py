@@ -27,16 +27,21 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 sys.path.insert(0, BENCH)
 
-import aiohttp  # noqa: E402
-import numpy as np  # noqa: E402
-
-import history_bench  # noqa: E402
-import procstat  # noqa: E402
-import report  # noqa: E402
-from contenders import DuplexRouter, Floor, VllmRouter, ensure_vllm_router, metric_sum, scrape  # noqa: E402
-from loadgen import Workload, run_cell  # noqa: E402
-
-from duplex_sidecars.sim.launcher import SimProcess  # noqa: E402
+import aiohttp
+import history_bench
+import numpy as np
+import procstat
+import report
+from contenders import (
+    DuplexRouter,
+    Floor,
+    VllmRouter,
+    ensure_vllm_router,
+    metric_sum,
+    scrape,
+)
+from duplex_sidecars.sim.launcher import SimProcess
+from loadgen import Workload, run_cell
 
 CONTENDERS = ("floor", "floor-recompute", "duplex", "vllm-router")
 # What each contender's added latency is measured against: the floor doing the same engine work.
@@ -226,6 +231,43 @@ async def run_load(args: argparse.Namespace, contenders: dict[str, Any], prefill
     return cells
 
 
+def _row(name: str, stream: bool, clients: int, runs: list[dict[str, Any]],
+         floors: dict[tuple[str, int, bool, int], dict[str, Any]]) -> dict[str, Any]:
+    def med(key: str) -> float | None:
+        vals = [r[key] for r in runs if r.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    def deltas(key: str) -> list[float]:
+        out = []
+        for r in runs:
+            floor = floors.get((BASELINE.get(name, ""), r["round"], stream, clients))
+            if floor is not None and r[key] is not None and floor[key] is not None:
+                out.append(r[key] - floor[key])
+        return out
+
+    def added(key: str) -> float | None:
+        values = deltas(key)
+        return statistics.median(values) if values else None
+
+    split = [r["router_user_sys_per_1k_s"] for r in runs if r.get("router_user_sys_per_1k_s")]
+    return {
+        "stream": stream, "clients": clients, "contender": name, "rounds": len(runs), "baseline": BASELINE.get(name),
+        "req_s": med("req_s"), "p50_ms": med("p50_ms"), "p99_ms": med("p99_ms"),
+        "ttfb_p50_ms": med("ttfb_p50_ms"), "ttfb_p99_ms": med("ttfb_p99_ms"),
+        "added_p50_ms": added("p50_ms"), "added_ttfb_p50_ms": added("ttfb_p50_ms"),
+        "added_p50_ms_rounds": deltas("p50_ms"),
+        "router_cpu_per_1k_s": med("router_cpu_per_1k_s"),
+        "router_user_per_1k_s": statistics.median(u for u, _ in split) if split else None,
+        "router_sys_per_1k_s": statistics.median(s for _, s in split) if split else None,
+        "router_rss_mib": max((r["router_rss_mib"] for r in runs if r["router_rss_mib"]), default=None),
+        "hit_ratio": statistics.median(r["reuse"]["hit_ratio"] for r in runs),
+        "followup_hit_ratio": statistics.median(r["reuse"]["followup_hit_ratio"] for r in runs),
+        "external_kv_tokens": sum(r["prefill_tokens"]["external_kv_transfer"] for r in runs),
+        "requests": sum(r["requests"] for r in runs), "errors": sum(r["errors"] for r in runs),
+        "others_cpu_cores": med("others_cpu_cores"),
+    }
+
+
 def summarize(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Medians over rounds per (mode, clients, contender); added latency from per-round deltas to the floor."""
     floors = {(c["contender"], c["round"], c["stream"], c["clients"]): c for c in cells
@@ -233,37 +275,7 @@ def summarize(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple[bool, int, str], list[dict[str, Any]]] = {}
     for c in cells:
         groups.setdefault((c["stream"], c["clients"], c["contender"]), []).append(c)
-    rows = []
-    for (stream, clients, name), runs in groups.items():
-        def med(key: str, runs: list[dict[str, Any]] = runs) -> float | None:
-            vals = [r[key] for r in runs if r.get(key) is not None]
-            return statistics.median(vals) if vals else None
-
-        def added(key: str) -> float | None:
-            base = BASELINE.get(name)
-            deltas = [r[key] - floors[(base, r["round"], stream, clients)][key] for r in runs
-                      if (base, r["round"], stream, clients) in floors
-                      and r[key] is not None and floors[(base, r["round"], stream, clients)][key] is not None]
-            return statistics.median(deltas) if deltas else None
-
-        rows.append({
-            "stream": stream, "clients": clients, "contender": name, "rounds": len(runs),
-            "req_s": med("req_s"), "p50_ms": med("p50_ms"), "p99_ms": med("p99_ms"),
-            "ttfb_p50_ms": med("ttfb_p50_ms"), "ttfb_p99_ms": med("ttfb_p99_ms"),
-            "added_p50_ms": added("p50_ms"), "added_ttfb_p50_ms": added("ttfb_p50_ms"),
-            "router_cpu_per_1k_s": med("router_cpu_per_1k_s"),
-            "router_user_per_1k_s": statistics.median(r["router_user_sys_per_1k_s"][0] for r in runs)
-            if runs[0].get("router_user_sys_per_1k_s") else None,
-            "router_sys_per_1k_s": statistics.median(r["router_user_sys_per_1k_s"][1] for r in runs)
-            if runs[0].get("router_user_sys_per_1k_s") else None,
-            "router_rss_mib": max((r["router_rss_mib"] for r in runs if r["router_rss_mib"]), default=None),
-            "baseline": BASELINE.get(name),
-            "hit_ratio": statistics.median(r["reuse"]["hit_ratio"] for r in runs),
-            "followup_hit_ratio": statistics.median(r["reuse"]["followup_hit_ratio"] for r in runs),
-            "external_kv_tokens": sum(r["prefill_tokens"]["external_kv_transfer"] for r in runs),
-            "requests": sum(r["requests"] for r in runs), "errors": sum(r["errors"] for r in runs),
-            "others_cpu_cores": med("others_cpu_cores"),
-        })
+    rows = [_row(name, stream, clients, runs, floors) for (stream, clients, name), runs in groups.items()]
     order = {n: i for i, n in enumerate(CONTENDERS)}
     rows.sort(key=lambda r: (r["stream"], r["clients"], order[r["contender"]]))
     return rows
@@ -274,7 +286,7 @@ def summarize(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _store_run(size: int, variant: str, params: str, ids: str, blocks: int, timeout: float) -> dict[str, Any]:
     cmd = [sys.executable, os.path.join(BENCH, "store_bench.py"), "--size", str(size), "--variant", variant,
            "--params", params, "--ids", ids, "--blocks", str(blocks)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{shlex.join(cmd)} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -342,7 +354,8 @@ def _interrupt(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
-    started = dt.datetime.now(dt.timezone.utc)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
+    started = dt.datetime.now(dt.UTC)
     meta: dict[str, Any] = {
         "command": _command(),
         "started_utc": started.isoformat(timespec="seconds"),
@@ -410,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         for tokens in args.history_sizes:
             history += history_bench.run([tokens], budget=0.1 if args.quick else 0.5)
             say(f"history: {tokens:,} tokens -> {history[-1]['total_us']:,.0f} us of router work per request")
-    meta["finished_utc"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    meta["finished_utc"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     meta["loadavg_end"] = os.getloadavg()
     results = {"meta": meta, "load": load, "store": store, "history": history}
     results["targets"] = report.targets(results)

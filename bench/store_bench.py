@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import itertools
 import json
 import os
 import random
@@ -24,16 +25,16 @@ import uuid
 import zlib
 from array import array
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import numpy as np  # noqa: E402
-
-from duplex_sidecars import protocol  # noqa: E402
-from duplex_sidecars.router.history import Covered, state_key  # noqa: E402
-from duplex_sidecars.router.store import Entry, MemoryStore  # noqa: E402
-from procstat import self_rss_bytes  # noqa: E402
+import numpy as np
+from duplex_sidecars import protocol
+from duplex_sidecars.router.history import Covered, state_key
+from duplex_sidecars.router.store import Entry, MemoryStore
+from procstat import self_rss_bytes
 
 VARIANTS = ("as-written", "json-bytes", "array-u32", "delta-zlib")
 POOL = 64  # distinct decode replies; entries cycle through them
@@ -77,7 +78,7 @@ def conversation_block_ids(rng: random.Random, queue: list[int], blocks: int, ki
 
 def mean_run(ids: list[int]) -> float:
     """Mean length of runs of consecutive ids (ascending or descending)."""
-    runs = 1 + sum(1 for a, b in zip(ids, ids[1:]) if abs(b - a) != 1)
+    runs = 1 + sum(1 for a, b in itertools.pairwise(ids) if abs(b - a) != 1)
     return len(ids) / runs
 
 
@@ -133,7 +134,7 @@ class CompactEntry:
     else kept as bytes: compact JSON of the params without the block ids, plus the block ids in a codec (or, for
     `json-bytes`, the whole entry as JSON bytes)."""
 
-    __slots__ = ("decode_url", "expires_at", "expired", "reason", "_meta", "_ids", "_codec")
+    __slots__ = ("_codec", "_ids", "_meta", "decode_url", "expired", "expires_at", "reason")
 
     def __init__(self, decode_url: str, codec: str, params: dict[str, Any] | None, covered: Covered | None,
                  scope: str | None, reason: str | None = None):
@@ -213,12 +214,12 @@ async def measure(variant: str, size: int, params_mode: str, ids_kind: str, bloc
     unique = variant == "as-written" and params_mode == "unique"
     if variant == "as-written":
         source = (lambda i: json.loads(pool_text[i % POOL])) if unique else (lambda i: pool_parsed[i % POOL])
-        make = lambda i: _make_entry(variant, source(i), *_digests(i))  # noqa: E731
+        make = lambda i: _make_entry(variant, source(i), *_digests(i))
     else:
         # Encoding costs 30-150 us per entry: encode the pool once and give every entry copies of its bytes
         # (the same sizes); put/take below time the full encode and decode.
         encoded = [_make_entry(variant, pool_parsed[j], *_digests(j)) for j in range(POOL)]
-        make = lambda i: encoded[i % POOL].copy()  # noqa: E731
+        make = lambda i: encoded[i % POOL].copy()
     store = MemoryStore(max_entries=size + ops + 1)
     ttl = 3600.0
 
