@@ -132,6 +132,11 @@ def test_seed_example_becomes_ready_on_fake_efa_nodes(op, kubectl, namespace, wa
     (router_pod,) = pods(kubectl, namespace, "router")
     assert types[router_pod["spec"]["nodeName"]] not in ("p5en.48xlarge", "trn2.48xlarge")
 
+    events = kubectl.json("-n", namespace, "get", "events",
+                          "--field-selector", "involvedObject.kind=DisaggregatedServing")["items"]
+    reasons = {e["reason"] for e in events if e["involvedObject"]["name"] == "qwen3-32b"}
+    assert {"Applied", "Ready"} <= reasons, reasons
+
     printed = kubectl("-n", namespace, "get", "dsv")
     assert "READY" in printed and "PREFILL" in printed and "BIDIRECTIONAL" in printed
     assert "True" in printed and "1/1" in printed
