@@ -53,6 +53,12 @@ class ConversationConfig(_Strict):
 class StoreConfig(_Strict):
     kind: Literal["memory", "redis"] = "memory"
     max_entries: int = Field(1_000_000, gt=0, description="Memory store bound; the oldest entries go first.")
+    max_bytes: int = Field(
+        2 * 2**30,
+        gt=0,
+        description="Memory store bound in bytes (each entry's compact params plus a fixed per-entry overhead); "
+        "the oldest entries go first.",
+    )
     redis_url: str | None = Field(None, description="redis://host:port/db; may also come from redis_url_env.")
     redis_url_env: str | None = Field(None, description="Environment variable holding the Redis URL (a Secret).")
     key_prefix: str = "duplex:conv:"

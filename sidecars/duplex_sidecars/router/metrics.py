@@ -94,6 +94,11 @@ class RouterMetrics:
         )
         for reason in MISS_REASONS:
             self.reuse_misses.labels(reason)
+        self.store_bytes = Gauge(
+            "duplex_router_store_bytes",
+            "Bytes the memory store's entries are counted as against store.max_bytes, as of its last put or take.",
+            registry=r,
+        )
 
     def miss(self, reason: str) -> None:
         self.reuse_misses.labels(reason).inc()

@@ -47,8 +47,9 @@ async def lookup(store: Store, turn: Turn, decode_pool: EnginePool, metrics: Rou
         return _miss("store_error")
     if entry is None:
         return _miss("no_entry")
+    _observe_bytes(store, metrics)
     sticky = entry.decode_url
-    if entry.params is None:
+    if not entry.replayable:
         return _miss(entry.reason or NOT_REPLAYABLE, sticky if entry.reason != "endpoint_gone" else None)
     if entry.expired:
         return _miss("expired", sticky)
@@ -58,7 +59,13 @@ async def lookup(store: Store, turn: Turn, decode_pool: EnginePool, metrics: Rou
         return _miss("scope_mismatch", sticky)
     if entry.covered is None or not turn.history.matches(entry.covered):
         return _miss("history_mismatch", sticky)
-    params = protocol.replay_params(entry.params)
+    try:
+        stored = entry.params  # unpacked only here, on a hit
+    except StoreError:
+        metrics.store_errors.labels("take").inc()
+        return _miss("store_error", sticky)
+    assert stored is not None
+    params = protocol.replay_params(stored)
     tokens = params.get("remote_num_tokens")
     return Decision(params, None, sticky, tokens if isinstance(tokens, int) else 0)
 
@@ -94,8 +101,17 @@ async def record(store: Store, turn: Turn, decode_url: str, kv_params: Any, repl
             scope=turn.scope,
         )
     try:
-        await store.put(turn.key, entry, ttl)
+        evicted = await store.put(turn.key, entry, ttl)
     except StoreError:
         metrics.store_errors.labels("put").inc()
         return "store_error"
+    if evicted:
+        metrics.store_dropped.inc(evicted)
+    _observe_bytes(store, metrics)
     return outcome
+
+
+def _observe_bytes(store: Store, metrics: RouterMetrics) -> None:
+    held = store.bytes_held()
+    if held is not None:
+        metrics.store_bytes.set(held)

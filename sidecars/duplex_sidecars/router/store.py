@@ -3,6 +3,9 @@
 Entries are single-use (an atomic take), live for the router TTL, and become tombstones when the decode endpoint
 holding their blocks leaves. An entry stays readable for a short grace after it expires so that a late turn is
 counted as `expired` rather than `no_entry`; it is never replayed then.
+
+An entry keeps decode's params as one compact, immutable blob (block ids as zlib-compressed int32 deltas), decoded
+only when a hit replays them: a 32k-token history's 2048 block ids as Python ints would cost ~85 KB per conversation.
 """
 
 from __future__ import annotations
@@ -13,9 +16,14 @@ import json
 import logging
 import os
 import time
+import zlib
+from array import array
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+import orjson
 
 from duplex_sidecars.router.config import StoreConfig
 from duplex_sidecars.router.history import Covered
@@ -28,49 +36,192 @@ EXPIRED_GRACE_SECONDS = 60.0
 ENDPOINT_GONE = "endpoint_gone"
 NOT_REPLAYABLE = "not_replayable"
 
+# What an entry costs in the memory store besides its blob: the key, the Entry and its Covered, two digests, the
+# slots in the store's dict and endpoint index. Measured with bench/store_bench.py; the byte bound counts this.
+ENTRY_OVERHEAD_BYTES = 900
+
 
 class StoreError(Exception):
-    """The store could not answer; the request recomputes."""
+    """The store could not answer (or answered something undecodable); the request recomputes."""
 
 
-@dataclass
+# ---- the compact form of decode's params -----------------------------------------------------------------------
+
+_IDS_KEY = "remote_block_ids"
+_ID_LIMIT = 2**31  # ids in [0, 2**31) have int32 deltas
+_ORJSON, _STDJSON = b"o", b"j"
+_INTEGER_LISTS = b"0123456789,[]"
+
+
+def _dump(value: Any) -> bytes:
+    """JSON text behind a one-byte tag. orjson when it gives the value back exactly; otherwise (ints beyond 64 bits,
+    lone surrogates, NaN) the standard library, which does."""
+    try:
+        text = orjson.dumps(value)
+        if orjson.loads(text) == value:
+            return _ORJSON + text
+    except (TypeError, ValueError):
+        pass
+    return _STDJSON + json.dumps(value, separators=(",", ":")).encode()
+
+
+def _load(data: bytes | memoryview) -> Any:
+    tag, text = bytes(data[:1]), data[1:]
+    if tag == _ORJSON:
+        return orjson.loads(text)
+    if tag == _STDJSON:
+        return json.loads(bytes(text))
+    raise ValueError(f"unknown JSON tag {tag!r}")
+
+
+def _pack_block_ids(block_ids: Any) -> tuple[int | list[int], bytes] | None:
+    """(shape, int32 deltas) for a flat list or a list per KV-cache group of ids in [0, 2**31); the shape is the
+    flat list's length or the groups' lengths. None for anything else, which is then kept verbatim."""
+    if type(block_ids) is not list:
+        return None
+    grouped = all(type(g) is list for g in block_ids)
+    groups = block_ids if grouped else [block_ids]
+    try:
+        text = orjson.dumps(groups)
+    except TypeError:
+        return None
+    # Only digits, commas and exactly one level of brackets: every id is a non-negative int (no bools, floats,
+    # nulls or deeper lists, which array() would coerce or reject).
+    if text.translate(None, _INTEGER_LISTS) or text.count(b"[") != len(groups) + 1:
+        return None
+    flat = array("q")
+    try:
+        for group in groups:
+            flat.extend(group)
+    except OverflowError:
+        return None
+    ids = np.frombuffer(flat, dtype=np.int64)
+    if ids.size and int(ids.max()) >= _ID_LIMIT:
+        return None
+    deltas = np.diff(ids, prepend=0).astype(np.int32).tobytes()
+    return ([len(g) for g in groups] if grouped else len(block_ids)), deltas
+
+
+def pack_params(params: dict[str, Any]) -> bytes:
+    """decode's params as one zlib stream: a 4-byte length, the block-id deltas, then JSON of
+    [position of remote_block_ids among the keys, their shape, the other params] (shape null: nothing was packed and
+    the params are all in the JSON)."""
+    packed = _pack_block_ids(params[_IDS_KEY]) if _IDS_KEY in params else None
+    if packed is None:
+        head, deltas = [None, None, params], b""
+    else:
+        shape, deltas = packed
+        rest = {k: v for k, v in params.items() if k != _IDS_KEY}
+        head = [list(params).index(_IDS_KEY), shape, rest]
+    return zlib.compress(len(deltas).to_bytes(4, "little") + deltas + _dump(head), 1)
+
+
+def unpack_params(blob: bytes) -> dict[str, Any]:
+    """The params `pack_params` packed, equal to them (same keys in the same order, same types and values)."""
+    try:
+        raw = zlib.decompress(blob)
+        size = int.from_bytes(raw[:4], "little")
+        position, shape, params = _load(memoryview(raw)[4 + size:])
+        if shape is None:
+            return params
+        ids = np.cumsum(np.frombuffer(raw, dtype=np.int32, count=size // 4, offset=4), dtype=np.int64).tolist()
+        if (shape if isinstance(shape, int) else sum(shape)) != len(ids):
+            raise ValueError(f"{len(ids)} block ids for shape {shape}")
+        if isinstance(shape, int):
+            block_ids: list[Any] = ids
+        else:
+            block_ids, start = [], 0
+            for length in shape:
+                block_ids.append(ids[start:start + length])
+                start += length
+        items = list(params.items())
+        items.insert(position, (_IDS_KEY, block_ids))
+        return dict(items)
+    except (zlib.error, ValueError, TypeError) as exc:
+        raise StoreError(f"undecodable entry: {type(exc).__name__}: {exc}") from exc
+
+
+# ---- entries --------------------------------------------------------------------------------------------------------
+
+_ENTRY_FORMAT = b"\x01"
+
+
 class Entry:
-    """One conversation's stored decode reply, or a tombstone (params None) saying why there is nothing to replay."""
+    """One conversation's stored decode reply, or a tombstone (no params) saying why there is nothing to replay.
 
-    decode_url: str
-    params: dict[str, Any] | None = None
-    reason: str | None = None  # tombstone reason
-    covered: Covered | None = None
-    scope: str | None = None
-    expires_at: float = 0.0
-    expired: bool = False  # set by take()
+    The params are packed when the entry is made and unpacked by each read of `params`; `replayable` tells without
+    unpacking."""
 
-    def to_json(self) -> str:
-        out = asdict(self)
-        out.pop("expired")
-        return json.dumps(out, separators=(",", ":"))
+    __slots__ = ("blob", "covered", "decode_url", "expired", "expires_at", "reason", "scope")
 
-    @classmethod
-    def from_json(cls, raw: str | bytes) -> Entry:
-        data = json.loads(raw)
-        covered = data.get("covered")
-        return cls(
-            decode_url=data["decode_url"],
-            params=data.get("params"),
-            reason=data.get("reason"),
-            covered=Covered(**covered) if covered else None,
-            scope=data.get("scope"),
-            expires_at=float(data.get("expires_at", 0.0)),
-        )
+    def __init__(self, decode_url: str, params: dict[str, Any] | None = None, reason: str | None = None,
+                 covered: Covered | None = None, scope: str | None = None, expires_at: float = 0.0,
+                 *, blob: bytes | None = None):
+        self.decode_url = decode_url
+        self.blob = pack_params(params) if params is not None else blob
+        self.reason = reason  # tombstone reason
+        self.covered = covered
+        self.scope = scope
+        self.expires_at = expires_at
+        self.expired = False  # set by take()
+
+    @property
+    def replayable(self) -> bool:
+        return self.blob is not None
+
+    @property
+    def params(self) -> dict[str, Any] | None:
+        """decode's stored params (a fresh dict on every read), None for a tombstone; StoreError if undecodable."""
+        return None if self.blob is None else unpack_params(self.blob)
+
+    @property
+    def nbytes(self) -> int:
+        """What this entry is counted as in the memory store's byte bound."""
+        return ENTRY_OVERHEAD_BYTES + (len(self.blob) if self.blob is not None else 0)
 
     def tombstone(self, reason: str) -> Entry:
         return Entry(decode_url=self.decode_url, reason=reason, expires_at=self.expires_at)
+
+    def to_bytes(self) -> bytes:
+        """The Redis value: a format byte, the metadata's length and JSON, then the params blob as is."""
+        cov = self.covered
+        meta = _dump([self.decode_url, self.reason, cov.kind if cov else None, cov.digest if cov else None,
+                      cov.length if cov else None, self.scope, self.expires_at])
+        return _ENTRY_FORMAT + len(meta).to_bytes(4, "little") + meta + (self.blob or b"")
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Entry:
+        """The entry `to_bytes` wrote; StoreError if `raw` is not one. The params stay packed."""
+        try:
+            if raw[:1] != _ENTRY_FORMAT:
+                raise ValueError(f"unknown entry format {raw[:1]!r}")
+            size = int.from_bytes(raw[1:5], "little")
+            url, reason, kind, digest, length, scope, expires_at = _load(memoryview(raw)[5:5 + size])
+            blob = raw[5 + size:] or None
+            covered = Covered(kind=kind, digest=digest, length=length) if kind is not None else None
+            return cls(decode_url=url, reason=reason, covered=covered, scope=scope, expires_at=float(expires_at),
+                       blob=blob)
+        except (ValueError, TypeError) as exc:
+            raise StoreError(f"undecodable entry: {type(exc).__name__}: {exc}") from exc
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Entry):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in self.__slots__)
+
+    def __repr__(self) -> str:
+        size = len(self.blob) if self.blob is not None else None
+        return (f"Entry(decode_url={self.decode_url!r}, blob={size} bytes, reason={self.reason!r}, "
+                f"covered={self.covered!r}, scope={self.scope!r}, expires_at={self.expires_at!r}, "
+                f"expired={self.expired!r})")
 
 
 class Store(Protocol):
     kind: str
 
-    async def put(self, key: str, entry: Entry, ttl: float) -> None: ...
+    async def put(self, key: str, entry: Entry, ttl: float) -> int:
+        """Store `entry` under `key`; returns how many other entries were evicted to stay within the bounds."""
+        ...
 
     async def take(self, key: str) -> Entry | None: ...
 
@@ -78,54 +229,69 @@ class Store(Protocol):
 
     async def size(self) -> int | None: ...
 
+    def bytes_held(self) -> int | None:
+        """Bytes the entries are counted as in this process; None when they are held elsewhere."""
+        ...
+
     def health(self) -> dict[str, Any]: ...
 
     async def close(self) -> None: ...
 
 
 class MemoryStore:
-    """Insertion-ordered and bounded. All entries share one TTL, so the oldest entry is always the first to expire
-    and sweeping is O(1) per removed entry."""
+    """Insertion-ordered and bounded by entries and by bytes. All entries share one TTL, so the oldest entry is
+    always the first to expire and sweeping is O(1) per removed entry; the bounds also evict oldest first, when an
+    entry is added."""
 
     kind = "memory"
 
-    def __init__(self, max_entries: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, max_entries: int, max_bytes: int = 2 * 2**30, clock: Callable[[], float] = time.monotonic):
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
         self._clock = clock
         self._entries: OrderedDict[str, Entry] = OrderedDict()
         self._by_endpoint: dict[str, set[str]] = {}
+        self._bytes = 0
 
-    def _index_remove(self, key: str, entry: Entry) -> None:
+    def _forget(self, key: str, entry: Entry) -> None:
+        self._bytes -= entry.nbytes
         keys = self._by_endpoint.get(entry.decode_url)
         if keys is not None:
             keys.discard(key)
             if not keys:
                 del self._by_endpoint[entry.decode_url]
 
-    def _sweep(self, now: float) -> None:
+    def _sweep(self, now: float, evict: bool = False) -> int:
+        """Remove entries past their grace and, with `evict`, the oldest ones beyond the bounds; returns how many
+        were evicted."""
         entries = self._entries
+        evicted = 0
         while entries:
             key, entry = next(iter(entries.items()))
-            if entry.expires_at + EXPIRED_GRACE_SECONDS > now and len(entries) <= self.max_entries:
-                break
+            if entry.expires_at + EXPIRED_GRACE_SECONDS > now:
+                if not (evict and (len(entries) > self.max_entries or self._bytes > self.max_bytes)):
+                    break
+                evicted += 1
             entries.popitem(last=False)
-            self._index_remove(key, entry)
+            self._forget(key, entry)
+        return evicted
 
-    async def put(self, key: str, entry: Entry, ttl: float) -> None:
+    async def put(self, key: str, entry: Entry, ttl: float) -> int:
         now = self._clock()
         entry.expires_at = now + ttl
         old = self._entries.pop(key, None)
         if old is not None:
-            self._index_remove(key, old)
+            self._forget(key, old)
         self._entries[key] = entry
+        self._bytes += entry.nbytes
         self._by_endpoint.setdefault(entry.decode_url, set()).add(key)
-        self._sweep(now)
+        return self._sweep(now, evict=True)
 
     async def take(self, key: str) -> Entry | None:
         now = self._clock()
         entry = self._entries.pop(key, None)
         if entry is not None:
-            self._index_remove(key, entry)
+            self._forget(key, entry)
             entry.expired = now >= entry.expires_at
         self._sweep(now)
         return entry
@@ -135,8 +301,10 @@ class MemoryStore:
         dropped = 0
         for key in keys:
             entry = self._entries.get(key)
-            if entry is not None and entry.params is not None:
-                self._entries[key] = entry.tombstone(ENDPOINT_GONE)  # keeps its place in the expiry order
+            if entry is not None and entry.replayable:
+                tomb = entry.tombstone(ENDPOINT_GONE)
+                self._entries[key] = tomb  # keeps its place in the expiry order
+                self._bytes += tomb.nbytes - entry.nbytes
                 dropped += 1
         return dropped
 
@@ -146,12 +314,17 @@ class MemoryStore:
     async def size(self) -> int:
         return len(self._entries)
 
+    def bytes_held(self) -> int:
+        return self._bytes
+
     def health(self) -> dict[str, Any]:
-        return {"kind": self.kind, "healthy": True, "entries": len(self._entries), "max_entries": self.max_entries}
+        return {"kind": self.kind, "healthy": True, "entries": len(self._entries), "max_entries": self.max_entries,
+                "bytes": self._bytes, "max_bytes": self.max_bytes}
 
     async def close(self) -> None:
         self._entries.clear()
         self._by_endpoint.clear()
+        self._bytes = 0
 
 
 class RedisStore:
@@ -205,10 +378,10 @@ class RedisStore:
         self._healthy = True
         return result
 
-    async def put(self, key: str, entry: Entry, ttl: float) -> None:
+    async def put(self, key: str, entry: Entry, ttl: float) -> int:
         entry.expires_at = time.time() + ttl
         keep_ms = int((ttl + EXPIRED_GRACE_SECONDS) * 1000)
-        value = entry.to_json()
+        value = entry.to_bytes()
         endpoint_key = self._endpoint_key(entry.decode_url)
 
         async def op() -> None:
@@ -219,15 +392,13 @@ class RedisStore:
             await pipe.execute()
 
         await self._run("put", op)
+        return 0  # Redis's own maxmemory policy bounds it
 
     async def take(self, key: str) -> Entry | None:
         raw = await self._run("take", lambda: self._redis.getdel(self._key(key)))
         if raw is None:
             return None
-        try:
-            entry = Entry.from_json(raw)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise StoreError(f"undecodable entry: {exc}") from exc
+        entry = Entry.from_bytes(raw)
         entry.expired = time.time() >= entry.expires_at
         return entry
 
@@ -236,7 +407,7 @@ class RedisStore:
         members = await self._run("drop_endpoint", lambda: self._redis.smembers(endpoint_key))
         if not members:
             return 0
-        tomb = Entry(decode_url=url, reason=ENDPOINT_GONE, expires_at=time.time()).to_json()
+        tomb = Entry(decode_url=url, reason=ENDPOINT_GONE, expires_at=time.time()).to_bytes()
 
         async def op() -> list[Any]:
             pipe = self._redis.pipeline(transaction=False)
@@ -279,6 +450,9 @@ class RedisStore:
             return False
         return True
 
+    def bytes_held(self) -> None:
+        return None
+
     def health(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
@@ -306,4 +480,4 @@ def redis_url(cfg: StoreConfig) -> str:
 def make_store(cfg: StoreConfig) -> Store:
     if cfg.kind == "redis":
         return RedisStore(redis_url(cfg), cfg.key_prefix, cfg.op_timeout_seconds, cfg.error_backoff_seconds)
-    return MemoryStore(cfg.max_entries)
+    return MemoryStore(cfg.max_entries, cfg.max_bytes)

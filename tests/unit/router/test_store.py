@@ -1,24 +1,36 @@
-"""Store semantics, the same for both stores: single use, TTL (with an `expired` grace), bound, drop by endpoint;
-and a Redis that is down costs a bounded wait and a StoreError, never a hang."""
+"""Store semantics, the same for both stores: single use, TTL (with an `expired` grace), bounds (entries and bytes),
+drop by endpoint; compact params that replay bit-identical; and a Redis that is down costs a bounded wait and a
+StoreError, never a hang."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import random
 import time
-from typing import AsyncIterator, Iterator
+import zlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from duplex_sidecars import protocol
+from duplex_sidecars.router import reuse
 from duplex_sidecars.router.history import Covered
 from duplex_sidecars.router.launcher import RedisServer
 from duplex_sidecars.router.store import (
     ENDPOINT_GONE,
+    ENTRY_OVERHEAD_BYTES,
     EXPIRED_GRACE_SECONDS,
     Entry,
     MemoryStore,
     RedisStore,
     StoreError,
+    pack_params,
+    unpack_params,
 )
 
 D1 = "http://10.0.0.1:8000"
@@ -198,10 +210,191 @@ async def test_redis_blackhole_is_bounded_by_the_op_timeout():
         listener.close()
 
 
-def test_entries_round_trip_as_json():
+def test_entries_round_trip_as_redis_values():
     e = entry()
     e.expires_at = 12.5
-    back = Entry.from_json(e.to_json())
-    assert back == e
+    back = Entry.from_bytes(e.to_bytes())
+    assert back == e and back.params == e.params
     tomb = e.tombstone(ENDPOINT_GONE)
-    assert Entry.from_json(tomb.to_json()).params is None
+    back = Entry.from_bytes(tomb.to_bytes())
+    assert back == tomb and back.params is None and not back.replayable and back.reason == ENDPOINT_GONE
+
+
+@pytest.mark.parametrize("raw", [b"", b"{}", b'{"decode_url": "x"}', b"\x01\x00", b"\x01\xff\xff\xff\xffo[]"])
+def test_undecodable_redis_values_are_store_errors(raw):
+    with pytest.raises(StoreError):
+        Entry.from_bytes(raw)
+
+
+@pytest.mark.parametrize("blob", [b"", b"not zlib", zlib.compress(b"\x08\x00\x00\x00\x01\x00"),
+                                  zlib.compress(b"\x04\x00\x00\x00\x01\x00\x00\x00o[0,[2],{}]")])
+def test_undecodable_params_are_store_errors(blob):
+    with pytest.raises(StoreError):
+        _ = Entry(D1, blob=blob).params
+
+
+# ---- compact params: what the router replays is bit-identical after the round trip -----------------------------
+
+def decode_reply(ids: list[int], groups: int = 1) -> dict[str, Any]:
+    """decode's allow-listed params after a turn, in the simulator's shape."""
+    return {
+        "remote_engine_id": "decode-5f6c8d9b7-x2k4q",
+        "remote_request_id": "chatcmpl-0a1b2c3d4e5f-00ff",
+        "remote_host": "10.0.3.17",
+        "remote_port": 5600,
+        "remote_block_ids": [list(ids) for _ in range(groups)],
+        "remote_num_tokens": len(ids) * 16 - 7,
+        "remote_blocks_expiry_time": 1234567.891011,
+        "tp_size": 1,
+        "dcp_size": 1,
+        "pp_size": 1,
+        "transfer_mode": "pull",
+    }
+
+
+def same(a: Any, b: Any) -> bool:
+    """Serialized to the same bytes: True is not 1, 1.0 is not 1, key order counts, NaN is NaN."""
+    return json.dumps(a) == json.dumps(b)
+
+
+ids = st.integers(min_value=0, max_value=2**31 - 1)
+any_int = st.one_of(ids, st.integers(min_value=-(2**70), max_value=2**70), st.sampled_from([2**31, 2**63, 2**64 - 1]))
+json_scalar = st.one_of(
+    st.none(), st.booleans(), any_int, st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8), st.sampled_from(["\ud800", "é", ""]),
+)
+json_value = st.recursive(json_scalar, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=4)), max_leaves=12)
+block_ids = st.one_of(
+    st.lists(ids, max_size=300),  # flat
+    st.lists(st.lists(ids, max_size=200), max_size=4),  # per KV-cache group, empty groups included
+    st.lists(st.lists(st.one_of(ids, st.sampled_from([2**31 - 1, 2**31, 2**32, 2**63, 2**64 - 1])), max_size=20),
+             max_size=3),  # at and beyond what int32 deltas hold
+    st.lists(st.lists(any_int, max_size=20), max_size=3),  # negative and huge ids
+    st.lists(st.one_of(any_int, st.booleans(), st.floats(), st.lists(ids, max_size=3)), max_size=20),  # odd shapes
+    json_value,
+)
+
+
+@st.composite
+def params(draw) -> dict[str, Any]:
+    """Params in any key order, with extra keys, any block-id shape and any subset of the keys."""
+    base = decode_reply([])
+    base["remote_block_ids"] = draw(block_ids)
+    extra = draw(st.dictionaries(st.text(max_size=10), json_value, max_size=4))
+    items = list(base.items()) + list(extra.items())
+    items = [items[i] for i in draw(st.permutations(range(len(items))))]
+    kept = draw(st.lists(st.booleans(), min_size=len(items), max_size=len(items)))
+    return dict(item for item, keep in zip(items, kept, strict=True) if keep)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(params())
+def test_compact_params_round_trip(p):
+    back = unpack_params(pack_params(p))
+    assert same(back, p) and list(back) == list(p)
+    assert same(protocol.replay_params(back), protocol.replay_params(p))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(ids, min_size=1, max_size=4096), st.integers(1, 3), st.text(max_size=20),
+       st.one_of(st.none(), st.floats(allow_nan=False)))
+def test_entries_round_trip_through_redis_bytes(block_ids, groups, url, expires_at):
+    e = Entry(url, params=decode_reply(block_ids, groups), covered=Covered("text", "d" * 64, len(url)),
+              scope="s" * 64, expires_at=expires_at or 0.0)
+    back = Entry.from_bytes(e.to_bytes())
+    assert back == e and same(back.params, decode_reply(block_ids, groups))
+
+
+def test_a_long_history_packs_small():
+    rng = random.Random(7)
+    block_ids: list[int] = []
+    while len(block_ids) < 2048:  # runs of consecutive ids, as a vLLM free queue hands them out
+        start = rng.randrange(131072)
+        block_ids += range(start, start + rng.randint(1, 24))
+    p = decode_reply(block_ids[:2048])
+    blob = pack_params(json.loads(json.dumps(p)))
+    assert len(blob) < 1500 and same(unpack_params(blob), p)
+
+
+async def test_stores_replay_long_histories_exactly(store):
+    rng = random.Random(3)
+    p = decode_reply(rng.sample(range(131072), 2048), groups=2)
+    await store.put("k", Entry(D1, params=p, covered=Covered("messages", "abc", 3), scope="s"), ttl=60)
+    got = await store.take("k")
+    assert got is not None and same(got.params, p)
+
+
+# ---- the byte bound ------------------------------------------------------------------------------------------------
+
+async def test_memory_byte_bound_evicts_oldest_first():
+    clock = Clock()
+    cost = entry().nbytes
+    s = MemoryStore(max_entries=1000, max_bytes=3 * cost, clock=clock)
+    evicted = [await s.put(f"k{i}", entry(), ttl=10) for i in range(5)]
+    assert evicted == [0, 0, 0, 1, 1]
+    assert await s.size() == 3 and s.bytes_held() == 3 * cost
+    assert await s.take("k0") is None and await s.take("k1") is None
+    assert (await s.take("k2")).replayable and s.bytes_held() == 2 * cost
+    assert sum(len(v) for v in s._by_endpoint.values()) == await s.size()
+
+
+async def test_memory_bytes_follow_tombstones_replacements_and_expiry():
+    clock = Clock()
+    s = MemoryStore(max_entries=1000, clock=clock)
+    await s.put("a", entry(D1), ttl=10)
+    await s.put("b", entry(D2), ttl=10)
+    await s.put("b", entry(D2, n=2), ttl=10)  # replaces, not adds
+    assert s.bytes_held() == 2 * entry().nbytes
+    assert await s.drop_endpoint(D1) == 1
+    assert s.bytes_held() == ENTRY_OVERHEAD_BYTES + entry().nbytes
+    assert s.health()["bytes"] == s.bytes_held()
+    clock.now += 10 + EXPIRED_GRACE_SECONDS
+    await s.sweep()
+    assert await s.size() == 0 and s.bytes_held() == 0
+
+
+async def test_memory_byte_bound_drops_an_entry_bigger_than_it():
+    s = MemoryStore(max_entries=10, max_bytes=ENTRY_OVERHEAD_BYTES)
+    await s.put("small", Entry(D1, reason="not_replayable"), ttl=10)
+    assert await s.put("big", entry(), ttl=10) == 2
+    assert await s.size() == 0 and s.bytes_held() == 0
+
+
+async def test_expiry_is_not_counted_as_eviction():
+    clock = Clock()
+    s = MemoryStore(max_entries=2, clock=clock)
+    await s.put("a", entry(), ttl=1)
+    await s.put("b", entry(), ttl=1)
+    clock.now += 1 + EXPIRED_GRACE_SECONDS
+    assert await s.put("c", entry(), ttl=1) == 0 and await s.size() == 1
+
+
+async def test_record_counts_evictions_and_bytes():
+    from duplex_sidecars.router.endpoints import EnginePool
+    from duplex_sidecars.router.history import CHAT_ROUTE, History, Reply, scope_digest
+    from duplex_sidecars.router.metrics import RouterMetrics
+    from duplex_sidecars.router.turn import Turn
+
+    def turn(key: str, messages: list[dict[str, Any]]) -> Turn:
+        body = {"model": "m", "messages": messages}
+        return Turn(route=CHAT_ROUTE, path="/v1/chat/completions", body=body, model="m", stream=False,
+                    request_id="r", conversation_id=key, key=key, history=History.of_request(CHAT_ROUTE, body),
+                    scope=scope_digest(CHAT_ROUTE, body))
+
+    metrics = RouterMetrics()
+    store = MemoryStore(max_entries=2)
+    first = [{"role": "user", "content": "hi"}]
+    reply = {"do_remote_decode": True, "do_remote_prefill": False, **decode_reply(list(range(1, 2049)))}
+    answer = Reply(content="hello", finish_reason="length")
+    for key in ("a", "b", "c"):
+        assert await reuse.record(store, turn(key, first), D1, reply, answer, 60, metrics) == "stored"
+    assert metrics.registry.get_sample_value("duplex_router_store_dropped_entries_total") == 1
+    assert metrics.registry.get_sample_value("duplex_router_store_bytes") == store.bytes_held() > 0
+
+    decode_pool = EnginePool("decode")
+    decode_pool.set_urls([D1])
+    follow_up = first + [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    decision = await reuse.lookup(store, turn("c", follow_up), decode_pool, metrics)
+    assert decision.reason is None and same(decision.params, protocol.replay_params(reply))
+    assert metrics.registry.get_sample_value("duplex_router_store_bytes") == store.bytes_held()
