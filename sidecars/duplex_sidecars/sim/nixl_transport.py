@@ -7,8 +7,9 @@ loop only awaits, and polls transfer state between short sleeps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -20,6 +21,13 @@ INSTALL_HINT = (
     "the simulator needs NIXL's Python API: pip install --no-deps nixl-cu12==1.5.1 "
     "(the `nixl` meta-package would pull torch, which the DRAM path never uses)"
 )
+
+
+# The UCX backend's progress thread sleeps in poll() on its workers' event fds and wakes on that timeout only as a
+# guard against missed wake-ups (a UCX bug NIXL works around). NIXL's Python API hard-codes the timeout to 0, which
+# makes the thread spin: about half a core per idle engine. 10 ms costs under 1% of a core and bounds a missed
+# wake-up; transfers themselves are driven by events, not by the timeout.
+PROGRESS_THREAD_WAKEUP_US = 10_000
 
 
 class NixlUnavailable(RuntimeError):
@@ -49,7 +57,8 @@ class NixlTransport:
         self.agent_name = agent_name
         self.backend = backend
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nixl")
-        self._agent = api.nixl_agent(agent_name, api.nixl_agent_config(backends=[backend]))
+        with _progress_thread_wakeup(api, PROGRESS_THREAD_WAKEUP_US):
+            self._agent = api.nixl_agent(agent_name, api.nixl_agent_config(backends=[backend]))
         if backend not in self._agent.backends:
             raise NixlUnavailable(f"NIXL backend {backend!r} is not available (plugins: {self._agent.plugin_list})")
         # One registration for the whole buffer; transfers address blocks inside it.
@@ -124,3 +133,25 @@ class NixlTransport:
 
         self._thread.submit(shutdown).result(timeout=10)
         self._thread.shutdown(wait=True)
+
+
+@contextlib.contextmanager
+def _progress_thread_wakeup(api: Any, micros: int) -> Iterator[None]:
+    """Give the agents created inside a progress-thread wake-up timeout (`nixl_agent` offers no option for it)."""
+    bindings = api.nixlBind
+    make_agent = bindings.nixlAgent
+    applied = False
+
+    def agent_with_wakeup(name: str, config: Any) -> Any:
+        nonlocal applied
+        config.pthrDelay = micros
+        applied = True
+        return make_agent(name, config)
+
+    bindings.nixlAgent = agent_with_wakeup
+    try:
+        yield
+    finally:
+        bindings.nixlAgent = make_agent
+    if not applied:
+        log.warning("could not set NIXL's progress-thread wake-up; its progress thread may spin a core when idle")
