@@ -13,6 +13,8 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 from aiohttp import web
 
@@ -47,8 +49,9 @@ async def _serve(router: Router) -> None:
     cfg = router.config
     site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024, reuse_address=True)
     await site.start()
-    log.info("router listening on %s:%d (prefill %d, decode %d engines, store %s)", cfg.host, cfg.port,
-             len(router.engines.prefill), len(router.engines.decode), router.store.kind)
+    log.info("router listening on %s:%d (prefill %d, decode %d engines, store %s, event loop %s)", cfg.host, cfg.port,
+             len(router.engines.prefill), len(router.engines.decode), router.store.kind,
+             type(asyncio.get_running_loop()).__module__.split(".")[0])
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -58,6 +61,16 @@ async def _serve(router: Router) -> None:
     finally:
         log.info("router shutting down")
         await runner.cleanup()
+
+
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run `main` on uvloop when it is installed (a faster event loop and transports), else on asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
     disable_created_metrics()  # process-wide, and this process is the router: *_created series are noise here
     try:
-        asyncio.run(_serve(router))
+        run_loop(_serve(router))
     except OSError as exc:
         print(f"duplex router: {exc}", file=sys.stderr)
         return 1
