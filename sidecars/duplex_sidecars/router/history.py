@@ -5,6 +5,9 @@ them. So a stored entry carries a digest of the exact history its blocks cover (
 plus the generated reply) and of the request fields that change tokenization; a new request may reuse the blocks
 only when its history starts with exactly that covered history under an equal scope. Nothing raw is kept: state
 keys and digests are SHA-256.
+
+Every digest starts with a tag carrying `DIGEST_VERSION`, bumped whenever the bytes behind a digest change: entries
+written by another version (Redis is shared by a rolling upgrade) are then simply not found, never misread.
 """
 
 from __future__ import annotations
@@ -14,7 +17,13 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
+
 ANONYMOUS_TENANT = "anonymous"
+
+# 2: canonical JSON written by orjson; state keys length-prefixed instead of JSON.
+DIGEST_VERSION = 2
+_V = b"/%d\0" % DIGEST_VERSION
 
 CHAT_ROUTE = "chat"
 COMPLETIONS_ROUTE = "completions"
@@ -59,11 +68,19 @@ MESSAGE_KEYS: tuple[str, ...] = (
 # Content part types whose payload is inline text; media parts are allowed only as inline data URLs, since a
 # remote URL may serve different bytes next time.
 _TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
+_MESSAGE_KEY_SET = frozenset(MESSAGE_KEYS)
 
 
 def canonical(obj: Any) -> bytes:
-    """Canonical JSON: sorted keys, no whitespace, UTF-8. Raises ValueError/TypeError for non-JSON values."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    """Canonical JSON: sorted keys, no whitespace, UTF-8. For values read exactly (`jsonio.loads`): orjson would write
+    a NaN as null, so a value that may hold one must not get here."""
+    try:
+        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        # Integers beyond 64 bits, lone surrogates: the standard library writes them, still one encoding per value.
+        # Raises ValueError for NaN and Infinity.
+        text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return text.encode("utf-8", "surrogatepass")
 
 
 def _sha(data: bytes) -> str:
@@ -79,22 +96,31 @@ def tenant_of(header_value: str | None) -> str:
 
 def state_key(tenant: str, model: str, conversation_id: str) -> str:
     """The store key of a conversation: hashed, so neither ids nor credentials are kept in the store."""
-    return _sha(canonical(["conv", tenant, model, conversation_id]))
+    h = hashlib.sha256(b"conv" + _V)
+    for part in (tenant, model, conversation_id):
+        data = part.encode("utf-8", "surrogatepass")
+        h.update(len(data).to_bytes(8, "big"))  # length-prefixed: no two different triples give the same bytes
+        h.update(data)
+    return h.hexdigest()
 
 
 def scope_digest(route: str, body: dict[str, Any]) -> str:
+    """Digest of the fields that change tokenization. Raises TypeError when one cannot be written exactly."""
     scope = {"route": route}
     for field in SCOPE_FIELDS:
         value = body.get(field)
         if value is not None:
             scope[field] = value
-    return _sha(canonical(scope))
+    return _sha(b"scope" + _V + canonical(scope))
 
 
 def normalize_message(message: Any) -> dict[str, Any] | None:
-    """The part of a message that reaches the prompt; None when it is not a message object."""
+    """The part of a message that reaches the prompt (the message itself when that is all of it); None when it is
+    not a message object."""
     if not isinstance(message, dict):
         return None
+    if "tool_calls" not in message and message.keys() <= _MESSAGE_KEY_SET and None not in message.values():
+        return message  # the common case, already normal: {"role", "content"}
     out = {k: message[k] for k in MESSAGE_KEYS if message.get(k) is not None}
     if "tool_calls" in out:
         if out["tool_calls"] == []:
@@ -167,6 +193,9 @@ class History:
         self.kind = kind
         self._messages = messages or []
         self._text = text
+        # The running digest over the first n messages: the reuse check and the record after decode both hash the
+        # same leading messages, so the second continues where the first stopped.
+        self._running: tuple[int, Any] = (0, _messages_hasher())
 
     @classmethod
     def of_request(cls, route: str, body: dict[str, Any]) -> History | None:
@@ -199,7 +228,7 @@ class History:
             return None
         if self.kind == "text":
             return _text_digest(self._text[:length])
-        return _messages_digest(self._messages[:length])
+        return self._hash_of_first(length).hexdigest()
 
     def matches(self, covered: Covered) -> bool:
         return covered.kind == self.kind and self.prefix_digest(covered.length) == covered.digest
@@ -212,21 +241,34 @@ class History:
         assistant: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if reply.tool_calls:
             assistant["tool_calls"] = list(reply.tool_calls)
-        messages = self._messages + [canonical(normalize_message(assistant))]
-        return Covered("messages", _messages_digest(messages), len(messages))
+        generated = canonical(normalize_message(assistant))
+        h = self._hash_of_first(len(self._messages)).copy()
+        _add_message(h, generated)
+        return Covered("messages", h.hexdigest(), len(self._messages) + 1)
+
+    def _hash_of_first(self, n: int) -> Any:
+        """The running hash after the first n messages (not to be updated by the caller)."""
+        done, h = self._running
+        if done > n:
+            done, h = 0, _messages_hasher()
+        for item in self._messages[done:n]:
+            _add_message(h, item)
+        self._running = (n, h)
+        return h
 
 
 def _text_digest(text: str) -> str:
-    return _sha(b"text\0" + text.encode("utf-8", "surrogatepass"))
+    return _sha(b"text" + _V + text.encode("utf-8", "surrogatepass"))
 
 
-def _messages_digest(encoded: list[bytes]) -> str:
+def _messages_hasher() -> Any:
+    return hashlib.sha256(b"messages" + _V)
+
+
+def _add_message(h: Any, encoded: bytes) -> None:
     # Length-prefixed so that no two different message lists produce the same byte stream.
-    h = hashlib.sha256(b"messages\0")
-    for item in encoded:
-        h.update(len(item).to_bytes(8, "big"))
-        h.update(item)
-    return h.hexdigest()
+    h.update(len(encoded).to_bytes(8, "big"))
+    h.update(encoded)
 
 
 def request_not_storable(route: str, body: dict[str, Any]) -> str | None:

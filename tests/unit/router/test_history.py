@@ -225,3 +225,58 @@ def test_what_cannot_be_stored():
     assert reply_not_storable({"stop": ["##"]}, Reply(content="x", finish_reason="stop", stop_reason=None))
     assert reply_not_storable({"stop": ["##"]}, Reply(content="x", finish_reason="stop", stop_reason=2)) is None
     assert reply_not_storable({"stop": ["##"]}, Reply(content="x", finish_reason="length")) is None
+
+
+@given(messages, reply, st.lists(st.integers(0, 10), max_size=6))
+def test_digests_do_not_depend_on_what_was_asked_before(msgs, r, lengths):
+    # A history keeps a running hash between the reuse check and the record; any order of questions gives the
+    # answers a fresh history gives.
+    h = chat(msgs)
+    for n in lengths:
+        assert h.prefix_digest(n) == chat(msgs).prefix_digest(n)
+    assert h.covered_with(r) == chat(msgs).covered_with(r)
+    for n in reversed(lengths):
+        assert h.prefix_digest(n) == chat(msgs).prefix_digest(n)
+
+
+@given(messages, st.randoms(use_true_random=False))
+def test_equal_content_gives_equal_digests_whatever_the_key_order(msgs, rnd):
+    def shuffled(obj):
+        if isinstance(obj, dict):
+            items = list(obj.items())
+            rnd.shuffle(items)
+            return {k: shuffled(v) for k, v in items}
+        if isinstance(obj, list):
+            return [shuffled(v) for v in obj]
+        return obj
+
+    reordered = shuffled(msgs)
+    assert chat(reordered).prefix_digest(len(msgs)) == chat(msgs).prefix_digest(len(msgs))
+    body = {"model": "m", "tools": [{"type": "function", "function": {"name": "f", "parameters": {"a": 1, "b": 2}}}]}
+    assert scope_digest(CHAT_ROUTE, shuffled(body)) == scope_digest(CHAT_ROUTE, body)
+
+
+def test_digests_are_versioned_and_stable():
+    import hashlib
+
+    from duplex_sidecars.router.history import DIGEST_VERSION
+
+    # Spelled out byte for byte: a change to these bytes needs a new DIGEST_VERSION (Redis entries outlive a rollout).
+    assert DIGEST_VERSION == 2
+
+    def framed(*parts: bytes) -> bytes:
+        return b"".join(len(p).to_bytes(8, "big") + p for p in parts)
+
+    assert state_key("anonymous", "m", "c1") == hashlib.sha256(b"conv/2\0" + framed(b"anonymous", b"m", b"c1")).hexdigest()
+    covered = chat([{"content": "hi", "role": "user"}]).covered_with(Reply(content="hello", finish_reason="stop"))
+    assert covered.digest == hashlib.sha256(b"messages/2\0" + framed(
+        b'{"content":"hi","role":"user"}', b'{"content":"hello","role":"assistant"}')).hexdigest()
+    assert scope_digest(CHAT_ROUTE, {"tools": [{"x": 1.5, "é": None}], "model": "m"}) == hashlib.sha256(
+        b"scope/2\0" + '{"model":"m","route":"chat","tools":[{"x":1.5,"é":null}]}'.encode()).hexdigest()
+
+
+def test_integers_beyond_64_bits_and_lone_surrogates_still_have_a_digest():
+    big = {"model": "m", "tools": [{"maximum": 2**70}]}
+    assert scope_digest(CHAT_ROUTE, big) != scope_digest(CHAT_ROUTE, {"model": "m", "tools": [{"maximum": 2**64}]})
+    odd = chat([{"role": "user", "content": "a\ud800b"}])
+    assert odd is not None and odd.prefix_digest(1) != chat([{"role": "user", "content": "ab"}]).prefix_digest(1)
