@@ -3,7 +3,6 @@ decode's answer without kv_transfer_params, and record what decode retained for 
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -12,12 +11,12 @@ import aiohttp
 from aiohttp import web
 
 from duplex_sidecars import protocol
-from duplex_sidecars.router import legs, reuse
+from duplex_sidecars.router import jsonio, legs, reuse
 from duplex_sidecars.router.endpoints import Engine
 from duplex_sidecars.router.errors import BackendFailed, BackendUnavailable, RouterError, sse_error_event
 from duplex_sidecars.router.history import Reply
 from duplex_sidecars.router.legs import CONNECT, STATUS_4XX, TIMEOUT, LegFailure
-from duplex_sidecars.router.reply import ReplyCollector, pop_kv_params, reply_of_body
+from duplex_sidecars.router.reply import ReplyCollector, pop_kv_params, reply_of_body, strip_kv_params
 from duplex_sidecars.router.sse import DONE, SSEEvent, SSEParser, encode_data
 from duplex_sidecars.router.turn import Turn
 
@@ -27,6 +26,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _KV_MARKER = protocol.KV_PARAMS_FIELD.encode()
+_ESCAPE = b"\\u"  # a JSON \u escape: a key could spell kv_transfer_params without the marker's bytes
+_DONE_EVENT = b"data: [DONE]\n\n"
+_END_OF_BODY_SECONDS = 1.0  # how long a finished decode stream may take to close its body before its connection goes
 
 
 class ClientGone(Exception):
@@ -89,7 +91,7 @@ class Forwarder:
                 break
             tried.append(engine.url)
             kv = replay if replaying and replay is not None else protocol.miss_params()
-            body = protocol.prefill_leg_body(turn.body, kv)
+            body = turn.encode(protocol.prefill_leg_body(turn.body, kv))
             headers = legs.leg_headers(turn.request_id + attempt_tag + (f"-p{attempt}" if attempt else ""),
                                        self.r.engine_api_key)
             started = time.perf_counter()
@@ -150,7 +152,7 @@ class Forwarder:
             if engine is None:
                 raise BackendUnavailable("No decode engines are available.")
             tried.append(engine.url)
-            body = protocol.decode_leg_body(turn.body, prefill_params)
+            body = turn.encode(protocol.decode_leg_body(turn.body, prefill_params))
             headers = legs.leg_headers(turn.request_id + tag, self.r.engine_api_key)
             started = time.perf_counter()
             with decode_pool.busy(engine):
@@ -208,16 +210,18 @@ class Forwarder:
     async def _relay_body(self, turn: Turn, engine: Engine, resp: aiohttp.ClientResponse) -> web.Response:
         raw = await legs.read_body(resp, self.r.config.timeouts.decode_idle_seconds)
         try:
-            body = json.loads(raw)
+            body, exact = jsonio.loads(raw)
         except ValueError as exc:
             raise LegFailure(legs.BROKEN, f"decode reply is not JSON: {exc}") from exc
         if not isinstance(body, dict):
             raise LegFailure(legs.BROKEN, "decode reply is not a JSON object")
         kv_params = pop_kv_params(body)
+        # A reply only the lenient parser could read (NaN, ...) is relayed but not compared: a tombstone is stored.
+        reply = reply_of_body(turn.route, body) if exact else Reply(choices=0)
         # Stored before the client hears back, so that its next turn always finds the entry.
-        await self._record(turn, engine, kv_params, reply_of_body(turn.route, body))
+        await self._record(turn, engine, kv_params, reply)
         return web.Response(
-            body=json.dumps(body).encode(),
+            body=jsonio.dumps(body, exact),
             content_type="application/json",
             headers={"X-Request-Id": turn.request_id},
         )
@@ -226,11 +230,20 @@ class Forwarder:
 
     async def _relay_stream(self, request: web.Request, turn: Turn, engine: Engine,
                             resp: aiohttp.ClientResponse) -> web.StreamResponse:
+        reader = legs.ChunkReader(resp, self.r.config.timeouts.decode_idle_seconds)
+        try:
+            return await self._relay_events(request, turn, engine, reader)
+        finally:
+            reader.close()
+
+    async def _relay_events(self, request: web.Request, turn: Turn, engine: Engine,
+                            reader: legs.ChunkReader) -> web.StreamResponse:
         relay = _StreamRelay(ReplyCollector(turn.route) if turn.key else None)
         parser = SSEParser()
         out: web.StreamResponse | None = None
         try:
-            async for chunk in legs.read_chunks(resp, self.r.config.timeouts.decode_idle_seconds):
+            # Whatever arrived since the last read goes out in one write.
+            while chunk := await reader.read():
                 batch = relay.take(parser.feed(chunk))
                 if batch:
                     out = await self._write(request, turn, out, batch)
@@ -257,13 +270,16 @@ class Forwarder:
             return await self._end_stream_with_error(turn, out, "The decode engine's stream ended unexpectedly.")
         if relay.collector is not None:
             await self._record(turn, engine, relay.kv_params, relay.collector.reply())
-        relay.held.extend(b"data: [DONE]\n\n")
+        relay.held += _DONE_EVENT
         out = await self._write(request, turn, out, relay.held)
         try:
             await out.write_eof()
         except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
             raise ClientGone(out) from exc
         self.r.metrics.e2e.labels(turn.route, "true").observe(time.perf_counter() - turn.started)
+        # The end of decode's chunked body usually comes just after [DONE]; waiting for it (the client has its answer
+        # already) keeps the connection for the next leg instead of closing it.
+        await reader.wait_end(_END_OF_BODY_SECONDS)
         return out
 
     async def _write(self, request: web.Request, turn: Turn, out: web.StreamResponse | None,
@@ -281,7 +297,7 @@ class Forwarder:
                 out.enable_chunked_encoding()
                 await out.prepare(request)  # headers go out with the first chunk, in one write
                 self.r.metrics.ttft.labels(turn.route, "true").observe(time.perf_counter() - turn.started)
-            await out.write(bytes(data))
+            await out.write(data)
         except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
             raise ClientGone(out) from exc
         return out
@@ -299,7 +315,11 @@ class Forwarder:
 class _StreamRelay:
     """What happens to decode's SSE events on their way to the client: kv_transfer_params come out, the reply is
     collected, and everything from the kv-carrying final chunk on is held until the conversation entry is stored
-    (so a client that fires its next turn on the last chunk still finds it)."""
+    (so a client that fires its next turn on the last chunk still finds it).
+
+    Events go out as their raw bytes. Only an event whose bytes could spell kv_transfer_params (the name itself, or
+    any \\u escape) is parsed for stripping and then written anew; the others are parsed only when the reply is
+    being collected."""
 
     def __init__(self, collector: ReplyCollector | None):
         self.collector = collector
@@ -307,7 +327,7 @@ class _StreamRelay:
         self.held = bytearray()
         self.finished = False
 
-    def take(self, events: list[SSEEvent]) -> bytearray:
+    def take(self, events: list[SSEEvent]) -> bytes | bytearray:
         """Process events; returns the bytes to send now."""
         batch = bytearray()
         for event in events:
@@ -325,20 +345,24 @@ class _StreamRelay:
         if data == DONE:
             self.finished = True
             return None  # [DONE] goes out after the entry is stored
-        marked = _KV_MARKER in event.raw
+        raw = event.raw
+        marked = _KV_MARKER in raw or _ESCAPE in raw
         if self.collector is None and not marked:
-            return event.raw
+            return raw
         try:
-            obj = json.loads(data)
+            # An event that is not written anew is only read by the collector (strings and small indexes).
+            obj, exact = jsonio.loads(data, written_back=marked)
         except ValueError:
-            return None if marked else event.raw  # unparseable and possibly internal: dropped
+            return None if marked else raw  # unparseable and possibly internal: dropped
         if not isinstance(obj, dict):
-            return None if marked else event.raw
+            return None if marked else raw
         if self.collector is not None:
-            self.collector.add(obj)
-        found = pop_kv_params(obj)
+            self.collector.add(obj, exact)
+        if not marked:
+            return raw
+        found, present = strip_kv_params(obj)
         if found is not None:
             self.kv_params = found
-        if found is None and not marked:
-            return event.raw
-        return encode_data(json.dumps(obj, separators=(",", ":")))
+        if not present:
+            return raw
+        return encode_data(jsonio.dumps(obj, exact))

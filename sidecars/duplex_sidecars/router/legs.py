@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from typing import Any, AsyncIterator
+from typing import Any
 
 import aiohttp
 import aiohttp.abc
 
+from duplex_sidecars.router import jsonio
 from duplex_sidecars.router.config import TimeoutsConfig
 
 CONNECT = "connect"  # nothing reached the engine
@@ -53,7 +54,9 @@ def make_session(resolver: aiohttp.abc.AbstractResolver | None = None) -> aiohtt
         enable_cleanup_closed=False,
         resolver=resolver,
     )
-    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None), auto_decompress=True)
+    # Engines set no cookies, and the router must never carry one from one client's request to another's.
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None), auto_decompress=True,
+                                 cookie_jar=aiohttp.DummyCookieJar())
 
 
 def leg_headers(request_id: str, api_key: str | None) -> dict[str, str]:
@@ -82,12 +85,12 @@ async def _status_failure(resp: aiohttp.ClientResponse) -> LegFailure:
     return LegFailure(kind, f"HTTP {resp.status}", status=resp.status, body=body)
 
 
-async def prefill(session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str],
+async def prefill(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str],
                   timeouts: TimeoutsConfig) -> dict[str, Any]:
-    """Run the prefill leg; returns prefill's JSON reply."""
+    """Run the prefill leg (`body` is the JSON to send); returns prefill's JSON reply."""
     timeout = aiohttp.ClientTimeout(total=timeouts.prefill_seconds, sock_connect=timeouts.connect_seconds)
     try:
-        async with session.post(url, data=json.dumps(body).encode(), headers=headers, timeout=timeout) as resp:
+        async with session.post(url, data=body, headers=headers, timeout=timeout) as resp:
             if resp.status != 200:
                 raise await _status_failure(resp)
             raw = await resp.read()
@@ -96,7 +99,7 @@ async def prefill(session: aiohttp.ClientSession, url: str, body: dict[str, Any]
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         raise _classify(exc) from exc
     try:
-        reply = json.loads(raw)
+        reply, _ = jsonio.loads(raw)
     except ValueError as exc:
         raise LegFailure(BROKEN, f"prefill reply is not JSON: {exc}") from exc
     if not isinstance(reply, dict):
@@ -104,13 +107,14 @@ async def prefill(session: aiohttp.ClientSession, url: str, body: dict[str, Any]
     return reply
 
 
-async def open_decode(session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str],
+async def open_decode(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str],
                       timeouts: TimeoutsConfig) -> aiohttp.ClientResponse:
-    """Start the decode leg; returns the open 200 response (the caller reads and releases it)."""
+    """Start the decode leg (`body` is the JSON to send); returns the open 200 response (the caller reads and
+    releases it)."""
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_seconds)
     try:
         async with asyncio.timeout(timeouts.decode_first_byte_seconds):
-            resp = await session.post(url, data=json.dumps(body).encode(), headers=headers, timeout=timeout)
+            resp = await session.post(url, data=body, headers=headers, timeout=timeout)
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         raise _classify(exc) from exc
     if resp.status != 200:
@@ -121,27 +125,75 @@ async def open_decode(session: aiohttp.ClientSession, url: str, body: dict[str, 
     return resp
 
 
-async def read_chunks(resp: aiohttp.ClientResponse, idle_seconds: float) -> AsyncIterator[bytes]:
-    """The response body as it arrives; a gap longer than `idle_seconds` or a dropped connection is BROKEN/TIMEOUT."""
-    content = resp.content
-    while True:
+class _Idle(Exception):
+    """Set on a response's stream by `ChunkReader`'s timer: wakes the waiting read."""
+
+
+class ChunkReader:
+    """A response body as it arrives; a gap longer than `idle_seconds` while waiting for data is TIMEOUT, a dropped
+    connection BROKEN. Close it when done.
+
+    One timer per stream, not one per read: each read only notes when it started waiting, and the timer, when it
+    fires, either ends the wait that has gone on too long or sets itself again for the earliest moment one could."""
+
+    def __init__(self, resp: aiohttp.ClientResponse, idle_seconds: float):
+        self._content = resp.content
+        self._idle = idle_seconds
+        self._loop = asyncio.get_running_loop()
+        self._since = self._loop.time()
+        self._waiting = False
+        self._timer: asyncio.TimerHandle | None = self._loop.call_at(self._since + idle_seconds, self._check)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        if not self._waiting:
+            self._timer = self._loop.call_at(now + self._idle, self._check)  # no wait can end before this
+        elif now >= self._since + self._idle:
+            self._timer = None
+            self._content.set_exception(_Idle())
+        else:
+            self._timer = self._loop.call_at(self._since + self._idle, self._check)
+
+    async def read(self) -> bytes:
+        """The next data available (everything buffered, in one piece); b"" at the end of the body."""
+        self._since = self._loop.time()
+        self._waiting = True
         try:
-            async with asyncio.timeout(idle_seconds):
-                chunk = await content.readany()
-        except asyncio.TimeoutError as exc:
-            raise LegFailure(TIMEOUT, f"no data for {idle_seconds:g}s") from exc
+            return await self._content.readany()
+        except _Idle as exc:
+            raise LegFailure(TIMEOUT, f"no data for {self._idle:g}s") from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise LegFailure(BROKEN, f"{type(exc).__name__}: {exc}") from exc
-        if not chunk:
-            return
-        yield chunk
+        finally:
+            self._waiting = False
+
+    async def wait_end(self, seconds: float) -> bool:
+        """Wait at most `seconds` for the end of a body whose last event has been read: only a response read to its
+        end lets its connection go back to the pool. Returns whether the end came."""
+        if self._content.is_eof():
+            return True
+        try:
+            async with asyncio.timeout(seconds):
+                await self._content.wait_eof()
+        except (asyncio.TimeoutError, aiohttp.ClientError, OSError, _Idle):
+            return False
+        return True
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 async def read_body(resp: aiohttp.ClientResponse, idle_seconds: float) -> bytes:
-    data = bytearray()
-    async for chunk in read_chunks(resp, idle_seconds):
-        data += chunk
-    return bytes(data)
+    reader = ChunkReader(resp, idle_seconds)
+    try:
+        data = bytearray()
+        while chunk := await reader.read():
+            data += chunk
+        return bytes(data)
+    finally:
+        reader.close()
 
 
 def engine_error_body(failure: LegFailure) -> dict[str, Any] | None:

@@ -12,17 +12,29 @@ from duplex_sidecars.router.history import CHAT_ROUTE, Reply
 
 def pop_kv_params(obj: Any) -> Any:
     """Remove kv_transfer_params from a response object (top level and, defensively, each choice); return them."""
+    return strip_kv_params(obj)[0]
+
+
+def strip_kv_params(obj: Any) -> tuple[Any, bool]:
+    """Remove kv_transfer_params from a response object (top level and each choice); returns the params (the top
+    level's first) and whether the field was there at all, even as null."""
     if not isinstance(obj, dict):
-        return None
+        return None, False
+    found = KV_PARAMS_FIELD in obj
     params = obj.pop(KV_PARAMS_FIELD, None)
     choices = obj.get("choices")
     if isinstance(choices, list):
         for choice in choices:
             if isinstance(choice, dict) and KV_PARAMS_FIELD in choice:
+                found = True
                 nested = choice.pop(KV_PARAMS_FIELD)
                 if params is None:
                     params = nested
-    return params
+    return params, found
+
+
+# A token delta with nothing but these keys carries only content.
+_PLAIN_DELTA_KEYS = frozenset({"role", "content"})
 
 
 class ReplyCollector:
@@ -38,7 +50,10 @@ class ReplyCollector:
         self._stop_reason: Any = None
         self._malformed = False
 
-    def add(self, chunk: dict[str, Any]) -> None:
+    def add(self, chunk: dict[str, Any], exact: bool = True) -> None:
+        """Take one chunk; `exact` False (read by the lenient parser, may hold NaN) makes the reply unstorable."""
+        if not exact:
+            self._malformed = True
         choices = chunk.get("choices")
         if not isinstance(choices, list):
             return
@@ -51,19 +66,21 @@ class ReplyCollector:
             if choice.get("finish_reason") is not None:
                 self._finish_reason = choice["finish_reason"]
                 self._stop_reason = choice.get("stop_reason")
-            if self._chat:
-                self._add_delta(choice.get("delta"))
-            else:
+            if not self._chat:
                 text = choice.get("text")
                 if isinstance(text, str):
                     self._content.append(text)
+                continue
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                continue
+            content = delta.get("content")
+            if isinstance(content, str):
+                self._content.append(content)
+            if not delta.keys() <= _PLAIN_DELTA_KEYS:
+                self._add_rest_of_delta(delta)  # not the usual token delta: reasoning, tool calls, ...
 
-    def _add_delta(self, delta: Any) -> None:
-        if not isinstance(delta, dict):
-            return
-        content = delta.get("content")
-        if isinstance(content, str):
-            self._content.append(content)
+    def _add_rest_of_delta(self, delta: dict[str, Any]) -> None:
         for key in ("reasoning_content", "reasoning"):
             if isinstance(delta.get(key), str):
                 self._reasoning.append(delta[key])

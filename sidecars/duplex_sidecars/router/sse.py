@@ -1,19 +1,19 @@
 """Incremental server-sent-events parsing: bytes arrive in arbitrary pieces, complete events come out.
 
 Each event keeps its raw bytes so that the router can relay events it does not change without re-encoding them.
+Data stays bytes: the router only ever searches it or hands it to a JSON parser.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
-DONE = "[DONE]"
+DONE = b"[DONE]"
 
 
-@dataclass(frozen=True)
-class SSEEvent:
+class SSEEvent(NamedTuple):
     raw: bytes
-    data: str | None  # the data lines joined by "\n"; None for events without data (comments, keep-alives)
+    data: bytes | None  # the data lines joined by "\n"; None for events without data (comments, keep-alives)
     event: str | None = None
 
 
@@ -59,7 +59,10 @@ class SSEParser:
             if end < 0:
                 break
             raw = bytes(buf[start : end + 2])
-            events.append(_parse(raw, raw[:-2].split(b"\n")))
+            if raw.startswith(b"data: ") and raw.find(b"\n") == len(raw) - 2:
+                events.append(SSEEvent(raw, raw[6:-2]))  # the usual event: one data line
+            else:
+                events.append(_parse(raw, raw[:-2].split(b"\n")))
             start = end + 2
         del buf[:start]
         self._check_size()
@@ -100,7 +103,7 @@ class SSEParser:
 
 
 def _parse(raw: bytes, lines: list[bytes]) -> SSEEvent:
-    data: list[str] = []
+    data: list[bytes] = []
     event = None
     for line in lines:
         if not line or line.startswith(b":"):
@@ -109,11 +112,11 @@ def _parse(raw: bytes, lines: list[bytes]) -> SSEEvent:
         if sep and value.startswith(b" "):
             value = value[1:]
         if field == b"data":
-            data.append(value.decode("utf-8", "replace"))
+            data.append(value)
         elif field == b"event":
             event = value.decode("utf-8", "replace")
-    return SSEEvent(raw=raw, data="\n".join(data) if data else None, event=event)
+    return SSEEvent(raw=raw, data=b"\n".join(data) if data else None, event=event)
 
 
-def encode_data(data: str) -> bytes:
-    return b"data: " + data.encode() + b"\n\n"
+def encode_data(data: bytes) -> bytes:
+    return b"data: " + data + b"\n\n"

@@ -3,15 +3,15 @@ conversation id, hashed into a store key) and its history and scope for the reus
 
 from __future__ import annotations
 
-import json
+import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from duplex_sidecars.protocol import KV_PARAMS_FIELD
+from duplex_sidecars.router import jsonio
 from duplex_sidecars.router.config import ConversationConfig
 from duplex_sidecars.router.errors import BadRequest, ModelNotFound, PayloadTooLarge
 from duplex_sidecars.router.history import CHAT_ROUTE, COMPLETIONS_ROUTE, History, scope_digest, state_key, tenant_of
@@ -34,6 +34,13 @@ class Turn:
     history: History | None
     scope: str
     started: float = field(default_factory=time.perf_counter)
+    # False when the body needed the standard library's parser (NaN, integers beyond 64 bits, ...): the legs are then
+    # written by it too, so engines get the client's values unchanged, and the history is not compared.
+    exact_json: bool = True
+
+    def encode(self, body: dict[str, Any]) -> bytes:
+        """A leg's body (built from this turn's body) as JSON."""
+        return jsonio.dumps(body, self.exact_json)
 
 
 async def read_body(request: web.Request, max_bytes: int) -> bytes:
@@ -50,9 +57,9 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
 def request_id_of(request: web.Request) -> str:
     """The client's X-Request-Id when it is a sane token, else a fresh one."""
     given = request.headers.get("X-Request-Id", "")
-    if 0 < len(given) <= 128 and all(c in _REQUEST_ID_OK for c in given):
+    if 0 < len(given) <= 128 and _REQUEST_ID_OK.issuperset(given):
         return given
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()
 
 
 def parse_turn(request: web.Request, raw: bytes, conversation: ConversationConfig,
@@ -60,7 +67,7 @@ def parse_turn(request: web.Request, raw: bytes, conversation: ConversationConfi
     path = request.path
     route = ROUTES[path]
     try:
-        body = json.loads(raw)
+        body, exact = jsonio.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
@@ -105,6 +112,7 @@ def parse_turn(request: web.Request, raw: bytes, conversation: ConversationConfi
     if conversation_id is not None:
         tenant = tenant_of(request.headers.get(conversation.tenant_header))
         key = state_key(tenant, model, conversation_id)
+    comparable = key is not None and exact  # digests are taken only of values read exactly
     return Turn(
         route=route,
         path=path,
@@ -114,6 +122,7 @@ def parse_turn(request: web.Request, raw: bytes, conversation: ConversationConfi
         request_id=request_id_of(request),
         conversation_id=conversation_id,
         key=key,
-        history=History.of_request(route, body) if key else None,
-        scope=scope_digest(route, body) if key else "",
+        history=History.of_request(route, body) if comparable else None,
+        scope=scope_digest(route, body) if comparable else "",
+        exact_json=exact,
     )

@@ -18,6 +18,7 @@ class Seen:
     path: str
     headers: CIMultiDict[str]
     body: dict[str, Any]
+    peer: Any = None  # the client's (host, port): which pooled connection carried the request
 
 
 @dataclass
@@ -25,7 +26,9 @@ class FakeEngine:
     """Actions queued in `actions` apply to the next requests, one each:
     500 / 503 / 400: answer with that status; "drop": close the connection without answering;
     "break": (decode, streaming) send the first chunk then drop the connection; "hang": never answer;
-    "no_params": answer without kv_transfer_params; "trailing_garbage": no [DONE] at the end."""
+    "no_params": answer without kv_transfer_params; "trailing_garbage": no [DONE] at the end;
+    "stall_start" / "stall_mid": (decode, streaming) go quiet for `stall_seconds` before the first event / after it;
+    "slow_end": (decode, streaming) end the body `stall_seconds` after [DONE]."""
 
     name: str
     words: tuple[str, ...] = ("hello", " world", " again")
@@ -36,6 +39,7 @@ class FakeEngine:
     reasoning: str | None = None
     server: TestServer | None = None
     health_status: int = 200
+    stall_seconds: float = 3.0
 
     @property
     def url(self) -> str:
@@ -94,7 +98,8 @@ class FakeEngine:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        self.seen.append(Seen(request.path, CIMultiDict(request.headers), body))
+        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+        self.seen.append(Seen(request.path, CIMultiDict(request.headers), body, peer))
         action = self.actions.pop(0) if self.actions else None
         rid = request.headers.get("X-Request-Id", uuid.uuid4().hex)
         if isinstance(action, int):
@@ -117,6 +122,8 @@ class FakeEngine:
             return web.json_response(self._full(chat, rid, list(self.words), self.finish_reason, params))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        if action == "stall_start":
+            await asyncio.sleep(self.stall_seconds)
         if chat:
             await resp.write(_event(self._chunk(chat, rid, {"role": "assistant", "content": ""}, None)))
         for i, word in enumerate(self.words):
@@ -132,8 +139,12 @@ class FakeEngine:
                 assert request.transport is not None
                 request.transport.close()
                 return resp
+            if action == "stall_mid" and i == 0:
+                await asyncio.sleep(self.stall_seconds)
         if action != "trailing_garbage":
             await resp.write(b"data: [DONE]\n\n")
+        if action == "slow_end":
+            await asyncio.sleep(self.stall_seconds)
         await resp.write_eof()
         return resp
 

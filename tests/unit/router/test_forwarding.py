@@ -414,3 +414,53 @@ async def test_a_prefill_rejecting_replayed_blocks_is_retried_plain_even_without
     rig.p.actions = [500]  # without replay, prefill_retries=0 means no retry
     status, _, _ = await rig.chat([USER], conv=None)
     assert status == 502
+
+
+async def test_a_decode_stream_going_quiet_mid_answer_times_out(make_rig):
+    rig = await make_rig(timeouts={"decode_idle_seconds": 0.3})
+    rig.d.actions = ["stall_mid"]
+    started = time.perf_counter()
+    status, events, _ = await rig.chat([USER], stream=True)
+    elapsed = time.perf_counter() - started
+    assert status == 200 and events[-1] == "[DONE]" and events[-2]["error"]["code"] == 502
+    assert 0.3 <= elapsed < 2.0, elapsed  # the idle timeout, not the engine's 3 s stall
+    assert rig.metric("duplex_router_backend_errors_total", leg="decode", kind="timeout") == 1
+    assert await rig.router.store.size() == 0
+
+
+async def test_a_decode_stream_quiet_before_its_first_event_is_retried(make_rig):
+    rig = await make_rig(timeouts={"decode_idle_seconds": 0.3})
+    rig.d.actions = ["stall_start"]
+    status, events, text = await rig.chat([USER], stream=True)
+    assert status == 200 and events[-1] == "[DONE]" and text == "hello world again"
+    assert rig.metric("duplex_router_backend_errors_total", leg="decode", kind="timeout") == 1
+    assert rig.metric("duplex_router_retries_total", leg="decode") == 1
+
+
+async def test_streams_whose_body_ends_after_done_keep_their_connection(make_rig):
+    rig = await make_rig()
+    rig.d.stall_seconds = 0.05  # the chunked body's end comes in its own write, well after [DONE]
+    rig.d.actions = ["slow_end"] * 3
+    for _ in range(3):
+        status, events, text = await rig.chat([USER], conv=None, stream=True)
+        assert status == 200 and events[-1] == "[DONE]" and text == "hello world again"
+    await asyncio.sleep(0.1)  # the last stream's end
+    peers = {seen.peer for seen in rig.d.seen}
+    assert len(peers) == 1, peers  # one pooled connection carried every decode leg
+
+
+async def test_values_beyond_strict_json_reach_the_engines_unchanged_and_are_never_replayed(make_rig):
+    rig = await make_rig()
+    big = 123456789012345678901234567890
+    raw = ('{"model": "m", "messages": [{"role": "user", "content": "hi"}], "conversation_id": "odd", '
+           f'"seed": {big}, "logit_bias": {{"5": NaN}}}}').encode()
+    for _ in range(2):
+        status, out, _ = await rig.post("/v1/chat/completions", data=raw, headers={"Content-Type": "application/json"})
+        assert status == 200, out
+    for seen in rig.p.seen + rig.d.seen:
+        assert seen.body["seed"] == big and type(seen.body["seed"]) is int  # every digit, still an integer
+        assert seen.body["logit_bias"]["5"] != seen.body["logit_bias"]["5"]  # NaN stays NaN
+        assert "conversation_id" not in seen.body
+    # Digests are taken only of strict JSON, so such a conversation recomputes every turn.
+    assert rig.metric("duplex_router_kv_reuse_misses_total", reason="not_replayable") == 2
+    assert rig.metric("duplex_router_kv_reuse_hits_total") == 0

@@ -41,14 +41,14 @@ payloads = st.lists(st.dictionaries(st.sampled_from(["a", "b", "kv_transfer_para
 def test_events_survive_any_chunking(eol, objs, cuts):
     stream = b"".join(b"data: " + json.dumps(o).encode() + eol + eol for o in objs) + b"data: [DONE]" + eol + eol
     events = run(split_at(stream, cuts))
-    assert [e.data for e in events] == [json.dumps(o) for o in objs] + ["[DONE]"]
+    assert [e.data for e in events] == [json.dumps(o).encode() for o in objs] + [b"[DONE]"]
     assert b"".join(e.raw for e in events) == stream
 
 
 def test_multiline_data_comments_and_event_names():
     stream = b": keep-alive\n\nevent: delta\ndata: line1\ndata: line2\n\ndata:nospace\n\n"
     events = run([stream[:7], stream[7:30], stream[30:]])
-    assert [e.data for e in events] == [None, "line1\nline2", "nospace"]
+    assert [e.data for e in events] == [None, b"line1\nline2", b"nospace"]
     assert events[1].event == "delta"
 
 
@@ -57,13 +57,13 @@ def test_cr_at_a_chunk_boundary_waits_for_its_lf():
     assert parser.feed(b"data: x\r") == []
     assert parser.feed(b"\n") == []
     events = parser.feed(b"\r\n")
-    assert [e.data for e in events] == ["x"]
+    assert [e.data for e in events] == [b"x"]
 
 
 def test_unterminated_last_event_counts_at_close():
     parser = SSEParser()
     assert parser.feed(b"data: tail") == []
-    assert [e.data for e in parser.close()] == ["tail"]
+    assert [e.data for e in parser.close()] == [b"tail"]
 
 
 def test_oversized_events_are_refused():
@@ -132,3 +132,72 @@ def test_stream_relay_drops_unparseable_events_that_mention_params():
     relay = _StreamRelay(None)
     out = relay.take(SSEParser().feed(b'data: {"kv_transfer_params": broken\n\ndata: plain text\n\n'))
     assert out == b"data: plain text\n\n"
+
+
+# ---- which events the relay rewrites -----------------------------------------------------------------------------
+
+kv_values = st.one_of(st.none(), st.fixed_dictionaries({"remote_engine_id": st.text(max_size=5),
+                                                        "remote_block_ids": st.lists(st.integers(0, 99), max_size=3)}))
+formats = st.sampled_from([(",", ":"), (", ", ": "), (" ,\t", " :  ")])
+
+
+def _spell(key: str, escape: list[bool]) -> str:
+    """The key as JSON source, some of its letters written as \\u escapes."""
+    return '"' + "".join(f"\\u{ord(c):04x}" if e else c for c, e in zip(key, escape + [False] * len(key))) + '"'
+
+
+def _encode(obj, seps, escape) -> bytes:
+    """JSON with the given separators, the kv key spelt as asked, keys in the object's own order."""
+    item, colon = seps
+    if isinstance(obj, dict):
+        parts = []
+        for k, v in obj.items():
+            name = _spell(k, escape) if k == "kv_transfer_params" else json.dumps(k)
+            parts.append(name + colon + _encode(v, seps, escape).decode())
+        return ("{" + item.join(parts) + "}").encode()
+    if isinstance(obj, list):
+        return ("[" + item.join(_encode(v, seps, escape).decode() for v in obj) + "]").encode()
+    return json.dumps(obj).encode()
+
+
+def _has_kv(obj) -> bool:
+    return "kv_transfer_params" in obj or any("kv_transfer_params" in c for c in obj.get("choices", []))
+
+
+@given(kv=kv_values, position=st.integers(0, 3), nested=st.booleans(), seps=formats,
+       escape=st.lists(st.booleans(), max_size=18), collect=st.booleans(), text=st.text(max_size=8))
+def test_a_chunk_carrying_kv_params_is_always_stripped(kv, position, nested, seps, escape, collect, text):
+    from duplex_sidecars.router.forward import _StreamRelay
+
+    choice = {"index": 0, "delta": {"content": text}, "finish_reason": "stop"}
+    chunk = {"id": "x", "object": "chat.completion.chunk", "choices": [choice]}
+    target = choice if nested else chunk
+    items = list(target.items())
+    items.insert(position % (len(items) + 1), ("kv_transfer_params", kv))
+    target.clear()
+    target.update(items)
+    plain = {"id": "x", "choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None}]}
+    first = b"data: " + json.dumps(plain).encode() + b"\n\n"
+    stream = first + b"data: " + _encode(chunk, seps, escape) + b"\n\ndata: [DONE]\n\n"
+
+    relay = _StreamRelay(ReplyCollector("chat") if collect else None)
+    out = bytes(relay.take(SSEParser().feed(stream))) + bytes(relay.held)
+    assert relay.finished and out.startswith(first)  # an event without the params goes out byte for byte
+    events = [json.loads(e.data) for e in run([out])]
+    assert len(events) == 2 and not any(_has_kv(e) for e in events)
+    assert events[1]["choices"][0]["delta"]["content"] == text
+    assert relay.kv_params == kv
+    if collect:
+        assert relay.collector.reply().content == "a" + text
+
+
+def test_chunks_without_params_are_relayed_untouched_and_only_parsed_when_collecting():
+    from duplex_sidecars.router.forward import _StreamRelay
+
+    weird = b'data: {"choices": [{"index": 0, "delta": {"content": "x"}}],   "note": "spaced"}\n\n'
+    for collector in (None, ReplyCollector("chat")):
+        relay = _StreamRelay(collector)
+        assert relay.take(SSEParser().feed(weird)) == weird
+    mention = b'data: {"choices": [{"index": 0, "delta": {"content": "the kv_transfer_params field"}}]}\n\n'
+    relay = _StreamRelay(None)
+    assert relay.take(SSEParser().feed(mention)) == mention  # named in the text only: nothing to strip

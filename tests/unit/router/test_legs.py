@@ -1,0 +1,122 @@
+"""Reading a leg's response body: one idle timer per stream that fires only on a real gap while the router waits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from duplex_sidecars.router.legs import TIMEOUT, ChunkReader, LegFailure, make_session
+
+# A body as (seconds to wait, bytes to send) steps.
+Script = list[tuple[float, bytes]]
+
+
+@pytest.fixture
+async def body_of() -> AsyncIterator[Callable[[Script], Awaitable[aiohttp.ClientResponse]]]:
+    """Open a response whose body follows the script."""
+    servers: list[TestServer] = []
+    session = make_session()
+    responses: list[aiohttp.ClientResponse] = []
+
+    async def open_(script: Script) -> aiohttp.ClientResponse:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            resp = web.StreamResponse()
+            await resp.prepare(request)
+            for delay, data in script:
+                await asyncio.sleep(delay)
+                await resp.write(data)
+            await resp.write_eof()
+            return resp
+
+        app = web.Application()
+        app.router.add_get("/", handler)
+        server = TestServer(app)
+        await server.start_server()
+        servers.append(server)
+        resp = await session.get(server.make_url("/"))
+        responses.append(resp)
+        return resp
+
+    yield open_
+    for resp in responses:
+        resp.close()
+    await session.close()
+    for server in servers:
+        await server.close()
+
+
+async def read_all(reader: ChunkReader) -> bytes:
+    out = b""
+    while chunk := await reader.read():
+        out += chunk
+    return out
+
+
+async def test_a_gap_longer_than_the_idle_time_fails_the_read(body_of):
+    resp = await body_of([(0, b"a"), (5, b"b")])
+    reader = ChunkReader(resp, 0.2)
+    try:
+        assert await reader.read() == b"a"
+        started = time.perf_counter()
+        with pytest.raises(LegFailure) as failure:
+            await reader.read()
+        assert failure.value.kind == TIMEOUT
+        assert 0.19 <= time.perf_counter() - started < 1.0
+    finally:
+        reader.close()
+
+
+async def test_gaps_shorter_than_the_idle_time_never_fail(body_of):
+    resp = await body_of([(0.08, b"x")] * 8)  # 0.64 s in all, far beyond the idle time
+    reader = ChunkReader(resp, 0.25)
+    try:
+        assert await read_all(reader) == b"x" * 8
+    finally:
+        reader.close()
+
+
+async def test_time_spent_away_from_the_read_does_not_count(body_of):
+    # The router writing to a slow client is not the engine going quiet.
+    resp = await body_of([(0, b"a"), (0.1, b"b"), (0.1, b"c")])
+    reader = ChunkReader(resp, 0.2)
+    try:
+        assert await reader.read() == b"a"
+        await asyncio.sleep(0.6)
+        assert await read_all(reader) == b"bc"
+    finally:
+        reader.close()
+
+
+async def test_a_closed_reader_leaves_the_response_alone(body_of):
+    resp = await body_of([(0, b"a"), (0.5, b"b")])
+    reader = ChunkReader(resp, 0.1)
+    assert await reader.read() == b"a"
+    reader.close()
+    await asyncio.sleep(0.3)
+    assert resp.content.exception() is None
+    assert await resp.content.read() == b"b"
+
+
+async def test_the_end_of_a_body_is_waited_for_briefly(body_of):
+    resp = await body_of([(0, b"data: [DONE]\n\n")])
+    reader = ChunkReader(resp, 1)
+    try:
+        assert await reader.read() == b"data: [DONE]\n\n"
+        assert await reader.wait_end(1.0)
+    finally:
+        reader.close()
+    slow = await body_of([(0, b"a"), (2, b"b")])
+    reader = ChunkReader(slow, 5)
+    try:
+        assert await reader.read() == b"a"
+        started = time.perf_counter()
+        assert not await reader.wait_end(0.1)
+        assert time.perf_counter() - started < 1.0
+    finally:
+        reader.close()
