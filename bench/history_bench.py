@@ -1,5 +1,5 @@
 """The router's own per-request work as the history grows: the pure-Python steps it runs for every turn (parse the
-body, digest the history for the reuse check, build and serialize both legs, parse decode's reply and record it),
+body, digest the history for the reuse check and the record, build and serialize both legs, parse decode's reply),
 timed in-process with the router's functions at 1k, 8k and 32k-token histories. The load test keeps histories short
 (the simulated engines hash every token), so this shows what long agentic conversations cost the router."""
 
@@ -12,10 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 from duplex_sidecars import protocol
+from duplex_sidecars.router import jsonio
 from duplex_sidecars.router.history import (
     CHAT_ROUTE,
     History,
     Reply,
+    canonical,
+    normalize_message,
     scope_digest,
     state_key,
     tenant_of,
@@ -73,33 +76,41 @@ def measure(tokens: int, budget: float = 0.4) -> dict[str, Any]:
     assert stored is not None
     prefill_reply = json.dumps({"id": "x", "choices": [{"index": 0, "text": "a", "finish_reason": "length"}],
                                 protocol.KV_PARAMS_FIELD: _kv(blocks, rng, decode=False)}).encode()
-    decode_reply = json.dumps({"id": "y", "object": "chat.completion", "choices": [{
+    decode_reply_raw = json.dumps({"id": "y", "object": "chat.completion", "choices": [{
         "index": 0, "message": {"role": "assistant", "content": reply_text}, "finish_reason": "stop"}],
         protocol.KV_PARAMS_FIELD: _kv(blocks + 13, rng, decode=True)}).encode()
-    parsed = json.loads(raw)
+    parsed, exact = jsonio.loads(raw)
     parsed.pop("conversation_id")
-    history = History.of_request(CHAT_ROUTE, parsed)
-    assert history is not None and history.matches(covered)
+    encoded = [canonical(normalize_message(m)) for m in parsed["messages"]]
+    generated = Reply(content=reply_text, finish_reason="stop")
+    assert History.of_request(CHAT_ROUTE, parsed).matches(covered)
 
     def parse() -> None:
-        b = json.loads(raw)
+        b, _ = jsonio.loads(raw)
         b.pop("conversation_id")
         key = state_key(tenant_of(None), b["model"], "c-1")
         History.of_request(CHAT_ROUTE, b)
         scope_digest(CHAT_ROUTE, b)
         assert key
 
+    def digests() -> None:
+        # A request's history answers the reuse check, then (sharing the hash of the covered prefix) the record.
+        history = History("messages", messages=encoded)
+        assert history.matches(covered)
+        history.covered_with(generated)
+
+    def decode_reply() -> None:
+        body, ok = jsonio.loads(decode_reply_raw)
+        protocol.replayable_decode_params(body.pop(protocol.KV_PARAMS_FIELD))
+        jsonio.dumps(body, ok)
+
     steps = {
         "parse + history digest": parse,
-        "reuse check (prefix digest)": lambda: history.matches(covered),
-        "prefill leg body": lambda: json.dumps(protocol.prefill_leg_body(parsed, protocol.replay_params(stored))),
-        "decode leg body": lambda: json.dumps(protocol.decode_leg_body(
-            parsed, json.loads(prefill_reply)[protocol.KV_PARAMS_FIELD])),
-        "decode reply + record": lambda: (
-            protocol.replayable_decode_params(json.loads(decode_reply).pop(protocol.KV_PARAMS_FIELD)),
-            history.covered_with(Reply(content=reply_text, finish_reason="stop")),
-            json.dumps(json.loads(decode_reply)),
-        ),
+        "reuse check + record digest": digests,
+        "prefill leg body": lambda: jsonio.dumps(protocol.prefill_leg_body(parsed, protocol.replay_params(stored))),
+        "decode leg body": lambda: jsonio.dumps(protocol.decode_leg_body(
+            parsed, jsonio.loads(prefill_reply)[0][protocol.KV_PARAMS_FIELD])),
+        "decode reply (parse, params, re-serialize)": decode_reply,
     }
     us = {name: _time(fn, budget) for name, fn in steps.items()}
     return {"tokens": tokens, "messages": len(messages), "body_bytes": len(raw), "block_ids": blocks,

@@ -271,11 +271,7 @@ class Forwarder:
         if relay.collector is not None:
             await self._record(turn, engine, relay.kv_params, relay.collector.reply())
         relay.held += _DONE_EVENT
-        out = await self._write(request, turn, out, relay.held)
-        try:
-            await out.write_eof()
-        except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
-            raise ClientGone(out) from exc
+        out = await self._write(request, turn, out, relay.held, last=True)
         self.r.metrics.e2e.labels(turn.route, "true").observe(time.perf_counter() - turn.started)
         # The end of decode's chunked body usually comes just after [DONE]; waiting for it (the client has its answer
         # already) keeps the connection for the next leg instead of closing it.
@@ -283,7 +279,8 @@ class Forwarder:
         return out
 
     async def _write(self, request: web.Request, turn: Turn, out: web.StreamResponse | None,
-                     data: bytes | bytearray) -> web.StreamResponse:
+                     data: bytes | bytearray, last: bool = False) -> web.StreamResponse:
+        """Send data to the client, starting the response first; `last` ends it in the same write."""
         try:
             if out is None:
                 out = web.StreamResponse(
@@ -297,7 +294,10 @@ class Forwarder:
                 out.enable_chunked_encoding()
                 await out.prepare(request)  # headers go out with the first chunk, in one write
                 self.r.metrics.ttft.labels(turn.route, "true").observe(time.perf_counter() - turn.started)
-            await out.write(data)
+            if last:
+                await out.write_eof(data)
+            else:
+                await out.write(data)
         except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
             raise ClientGone(out) from exc
         return out
