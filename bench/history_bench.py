@@ -79,7 +79,7 @@ def measure(tokens: int, budget: float = 0.4) -> dict[str, Any]:
     decode_reply_raw = json.dumps({"id": "y", "object": "chat.completion", "choices": [{
         "index": 0, "message": {"role": "assistant", "content": reply_text}, "finish_reason": "stop"}],
         protocol.KV_PARAMS_FIELD: _kv(blocks + 13, rng, decode=True)}).encode()
-    parsed, exact = jsonio.loads(raw)
+    parsed, _ = jsonio.loads(raw)
     parsed.pop("conversation_id")
     encoded = [canonical(normalize_message(m)) for m in parsed["messages"]]
     generated = Reply(content=reply_text, finish_reason="stop")
