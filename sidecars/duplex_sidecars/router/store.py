@@ -36,10 +36,10 @@ EXPIRED_GRACE_SECONDS = 60.0
 ENDPOINT_GONE = "endpoint_gone"
 NOT_REPLAYABLE = "not_replayable"
 
-# What an entry costs in the memory store besides its blob: the key, the Entry and its Covered, two digests, the
-# slots in the store's dict and endpoint index. bench/store_bench.py measured ~655 B (RSS growth minus blobs at 1M
-# entries); the byte bound counts this.
-ENTRY_OVERHEAD_BYTES = 700
+# What an entry costs in the memory store besides its blob: the key, its row, two digests, the slots in the store's
+# dict and endpoint index. bench/store_bench.py measured ~560 B (RSS growth minus blobs at 1M entries); the byte
+# bound counts this.
+ENTRY_OVERHEAD_BYTES = 600
 
 
 class StoreError(Exception):
@@ -147,6 +147,16 @@ def unpack_params(blob: bytes) -> dict[str, Any]:
 
 _ENTRY_FORMAT = b"\x01"
 
+# An entry as plain values: (decode_url, reason, covered kind, digest, length, scope, expires_at, blob).
+Row = tuple[str, str | None, str | None, str | None, int | None, str | None, float, bytes | None]
+_URL, _EXPIRES_AT, _BLOB = 0, 6, 7
+
+
+def _row_bytes(row: Row) -> int:
+    """What a row counts against the memory store's byte bound."""
+    blob = row[_BLOB]
+    return ENTRY_OVERHEAD_BYTES + (len(blob) if blob is not None else 0)
+
 
 class Entry:
     """One conversation's stored decode reply, or a tombstone (no params) saying why there is nothing to replay.
@@ -179,16 +189,25 @@ class Entry:
     @property
     def nbytes(self) -> int:
         """What this entry is counted as in the memory store's byte bound."""
-        return ENTRY_OVERHEAD_BYTES + (len(self.blob) if self.blob is not None else 0)
+        return _row_bytes(self.to_row())
 
     def tombstone(self, reason: str) -> Entry:
         return Entry(decode_url=self.decode_url, reason=reason, expires_at=self.expires_at)
 
+    def to_row(self) -> Row:
+        cov = self.covered
+        return (self.decode_url, self.reason, cov.kind if cov else None, cov.digest if cov else None,
+                cov.length if cov else None, self.scope, self.expires_at, self.blob)
+
+    @classmethod
+    def from_row(cls, row: Row) -> Entry:
+        url, reason, kind, digest, length, scope, expires_at, blob = row
+        covered = Covered(kind=kind, digest=digest, length=length) if kind is not None else None
+        return cls(decode_url=url, reason=reason, covered=covered, scope=scope, expires_at=expires_at, blob=blob)
+
     def to_bytes(self) -> bytes:
         """The Redis value: a format byte, the metadata's length and JSON, then the params blob as is."""
-        cov = self.covered
-        meta = _dump([self.decode_url, self.reason, cov.kind if cov else None, cov.digest if cov else None,
-                      cov.length if cov else None, self.scope, self.expires_at])
+        meta = _dump(list(self.to_row()[:-1]))
         return _ENTRY_FORMAT + len(meta).to_bytes(4, "little") + meta + (self.blob or b"")
 
     @classmethod
@@ -199,10 +218,7 @@ class Entry:
                 raise ValueError(f"unknown entry format {raw[:1]!r}")
             size = int.from_bytes(raw[1:5], "little")
             url, reason, kind, digest, length, scope, expires_at = _load(memoryview(raw)[5:5 + size])
-            blob = raw[5 + size:] or None
-            covered = Covered(kind=kind, digest=digest, length=length) if kind is not None else None
-            return cls(decode_url=url, reason=reason, covered=covered, scope=scope, expires_at=float(expires_at),
-                       blob=blob)
+            return cls.from_row((url, reason, kind, digest, length, scope, float(expires_at), raw[5 + size:] or None))
         except (ValueError, TypeError) as exc:
             raise StoreError(f"undecodable entry: {type(exc).__name__}: {exc}") from exc
 
@@ -243,7 +259,10 @@ class Store(Protocol):
 class MemoryStore:
     """Insertion-ordered and bounded by entries and by bytes. All entries share one TTL, so the oldest entry is
     always the first to expire and sweeping is O(1) per removed entry; the bounds also evict oldest first, when an
-    entry is added."""
+    entry is added.
+
+    Entries are kept as rows (tuples of strings, numbers and bytes): the garbage collector stops tracking those, so
+    a full collection does not walk every entry (with a million Entry objects it paused the router for ~0.5 s)."""
 
     kind = "memory"
 
@@ -251,17 +270,18 @@ class MemoryStore:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._clock = clock
-        self._entries: OrderedDict[str, Entry] = OrderedDict()
-        self._by_endpoint: dict[str, set[str]] = {}
+        self._entries: OrderedDict[str, Row] = OrderedDict()
+        # Keys by decode endpoint, as dicts rather than sets: a dict of strings to None is never GC-tracked.
+        self._by_endpoint: dict[str, dict[str, None]] = {}
         self._bytes = 0
 
-    def _forget(self, key: str, entry: Entry) -> None:
-        self._bytes -= entry.nbytes
-        keys = self._by_endpoint.get(entry.decode_url)
+    def _forget(self, key: str, row: Row) -> None:
+        self._bytes -= _row_bytes(row)
+        keys = self._by_endpoint.get(row[_URL])
         if keys is not None:
-            keys.discard(key)
+            keys.pop(key, None)
             if not keys:
-                del self._by_endpoint[entry.decode_url]
+                del self._by_endpoint[row[_URL]]
 
     def _sweep(self, now: float, evict: bool = False) -> int:
         """Remove entries past their grace and, with `evict`, the oldest ones beyond the bounds; returns how many
@@ -269,13 +289,13 @@ class MemoryStore:
         entries = self._entries
         evicted = 0
         while entries:
-            key, entry = next(iter(entries.items()))
-            if entry.expires_at + EXPIRED_GRACE_SECONDS > now:
+            key, row = next(iter(entries.items()))
+            if row[_EXPIRES_AT] + EXPIRED_GRACE_SECONDS > now:
                 if not (evict and (len(entries) > self.max_entries or self._bytes > self.max_bytes)):
                     break
                 evicted += 1
             entries.popitem(last=False)
-            self._forget(key, entry)
+            self._forget(key, row)
         return evicted
 
     async def put(self, key: str, entry: Entry, ttl: float) -> int:
@@ -284,16 +304,19 @@ class MemoryStore:
         old = self._entries.pop(key, None)
         if old is not None:
             self._forget(key, old)
-        self._entries[key] = entry
-        self._bytes += entry.nbytes
-        self._by_endpoint.setdefault(entry.decode_url, set()).add(key)
+        row = entry.to_row()
+        self._entries[key] = row
+        self._bytes += _row_bytes(row)
+        self._by_endpoint.setdefault(entry.decode_url, {})[key] = None
         return self._sweep(now, evict=True)
 
     async def take(self, key: str) -> Entry | None:
         now = self._clock()
-        entry = self._entries.pop(key, None)
-        if entry is not None:
-            self._forget(key, entry)
+        row = self._entries.pop(key, None)
+        entry = None
+        if row is not None:
+            self._forget(key, row)
+            entry = Entry.from_row(row)
             entry.expired = now >= entry.expires_at
         self._sweep(now)
         return entry
@@ -302,11 +325,11 @@ class MemoryStore:
         keys = self._by_endpoint.get(url, ())
         dropped = 0
         for key in keys:
-            entry = self._entries.get(key)
-            if entry is not None and entry.replayable:
-                tomb = entry.tombstone(ENDPOINT_GONE)
+            row = self._entries.get(key)
+            if row is not None and row[_BLOB] is not None:
+                tomb = Entry(decode_url=url, reason=ENDPOINT_GONE, expires_at=row[_EXPIRES_AT]).to_row()
                 self._entries[key] = tomb  # keeps its place in the expiry order
-                self._bytes += tomb.nbytes - entry.nbytes
+                self._bytes += _row_bytes(tomb) - _row_bytes(row)
                 dropped += 1
         return dropped
 

@@ -5,6 +5,7 @@ StoreError, never a hang."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import random
@@ -398,3 +399,11 @@ async def test_record_counts_evictions_and_bytes():
     decision = await reuse.lookup(store, turn("c", follow_up), decode_pool, metrics)
     assert decision.reason is None and same(decision.params, protocol.replay_params(reply))
     assert metrics.registry.get_sample_value("duplex_router_store_bytes") == store.bytes_held()
+
+
+async def test_memory_entries_are_not_walked_by_the_garbage_collector():
+    s = MemoryStore(max_entries=10)
+    await s.put("k", entry(), ttl=10)
+    gc.collect()  # untracks tuples of atoms
+    assert not gc.is_tracked(s._entries["k"])
+    assert not any(gc.is_tracked(keys) for keys in s._by_endpoint.values())  # the keys held by each endpoint
