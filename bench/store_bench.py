@@ -230,7 +230,8 @@ def _us(samples_ns: list[int]) -> tuple[float, float]:
     return round(float(a.mean()), 2), round(float(np.percentile(a, 99)), 2)
 
 
-async def measure(variant: str, size: int, ids_kind: str, blocks: int, ops: int, bounded: bool) -> dict[str, Any]:
+async def measure(variant: str, size: int, ids_kind: str, blocks: int, ops: int, bounded: bool,
+                  freeze: bool) -> dict[str, Any]:
     rng = random.Random(1234)
     queue = churned_free_queue(rng)
     pool_ids = [conversation_block_ids(rng, queue, blocks, ids_kind) for _ in range(POOL)]
@@ -252,6 +253,11 @@ async def measure(variant: str, size: int, ids_kind: str, blocks: int, ops: int,
     keys = [state_key(TENANT, MODEL, f"conv-{i}") for i in range(size)]
 
     gc.collect()
+    if freeze:
+        gc.freeze()  # what a router could do once its store exists: full collections then skip the store's dict
+    t0 = time.perf_counter()
+    gc.collect()
+    gc_empty_ms = (time.perf_counter() - t0) * 1000
     rss0 = procstat.self_rss_bytes()
     t0 = time.perf_counter()
     evicted = 0
@@ -261,6 +267,10 @@ async def measure(variant: str, size: int, ids_kind: str, blocks: int, ops: int,
     del keys
     gc.collect()
     rss1 = procstat.self_rss_bytes()
+    # A full collection's pause with this many entries held (the first one above also untracked the new rows).
+    t0 = time.perf_counter()
+    gc.collect()
+    gc_ms = (time.perf_counter() - t0) * 1000
     held = await store.size()
     sample = [_make_entry(variant, _reply(pool, i), *_digests(i)) for i in range(POOL)]
 
@@ -308,6 +318,7 @@ async def measure(variant: str, size: int, ids_kind: str, blocks: int, ops: int,
         "held": held,
         "evicted": evicted,
         "bounded": bounded,
+        "frozen": freeze,
         "max_entries": store.max_entries if bounded else None,
         "max_bytes": store.max_bytes if bounded else None,
         "params": "packed" if variant == "as-written" else "shared",
@@ -322,6 +333,8 @@ async def measure(variant: str, size: int, ids_kind: str, blocks: int, ops: int,
         "redis_value_bytes": (round(sum(len(e.to_bytes()) for e in sample) / POOL, 1)
                               if variant == "as-written" else None),
         "fill_seconds": round(fill_s, 2),
+        "full_gc_ms": round(gc_ms, 1),
+        "full_gc_empty_ms": round(gc_empty_ms, 1),
         "put_us": put_us,
         "put_p99_us": put_p99,
         "take_us": take_us,
@@ -336,22 +349,25 @@ async def measure(variant: str, size: int, ids_kind: str, blocks: int, ops: int,
 
 # ---- the whole run ------------------------------------------------------------------------------------------------
 
-def _one(size: int, ids: str, bounded: bool, blocks: int, ops: int) -> dict[str, Any]:
+def _one(size: int, ids: str, bounded: bool, freeze: bool, blocks: int, ops: int) -> dict[str, Any]:
     cmd = [sys.executable, os.path.abspath(__file__), "--size", str(size), "--ids", ids, "--blocks", str(blocks),
-           "--ops", str(ops)] + (["--bounded"] if bounded else [])
+           "--ops", str(ops)] + (["--bounded"] if bounded else []) + (["--freeze"] if freeze else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{shlex.join(cmd)} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def plan(sizes: list[int]) -> list[tuple[int, str, bool]]:
-    """(size, ids, bounded) per measurement: realistic ids at every size with the bounds lifted (what a conversation
-    costs); ids without runs (the codec's worst case) likewise but for the largest size, which runs, like the
-    realistic ids, under the default bounds, to show what they hold."""
+def plan(sizes: list[int]) -> list[tuple[int, str, bool, bool]]:
+    """(size, ids, bounded, frozen) per measurement: realistic ids at every size with the bounds lifted (what a
+    conversation costs); ids without runs (the codec's worst case) likewise but for the largest size, which runs,
+    like the realistic ids, under the default bounds, to show what they hold; and the largest size once more with
+    the store frozen (`gc.freeze()`), for the full collection's pause."""
     largest = max(sizes)
-    rows = [(size, "churned", False) for size in sizes] + [(size, "random", False) for size in sizes if size < largest]
-    return rows + [(largest, "churned", True), (largest, "random", True)]
+    rows = [(size, "churned", False, False) for size in sizes]
+    rows += [(size, "random", False, False) for size in sizes if size < largest]
+    return rows + [(largest, "churned", True, False), (largest, "random", True, False),
+                   (largest, "churned", False, True)]
 
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
@@ -361,18 +377,19 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
             "started_utc": started.isoformat(timespec="seconds"), "machine": procstat.machine_facts(ROOT),
             "loadavg_start": os.getloadavg()}
     results = []
-    for size, ids, bounded in plan(args.sizes):
+    for size, ids, bounded, freeze in plan(args.sizes):
         # Unbounded rows with ids that do not compress would take ~7 KB per conversation.
         estimate = size * (7_500 if ids == "random" and not bounded else 2_500)
         if estimate > 0.6 * procstat.mem_available_bytes():
             print(f"store: {size:,} {ids} skipped: ~{estimate / GIB:.1f} GiB would not fit", file=sys.stderr)
             continue
-        label = f"{size:>9,} conversations, {ids} ids" + (", default bounds" if bounded else "")
+        label = (f"{size:>9,} conversations, {ids} ids" + (", default bounds" if bounded else "")
+                 + (", store frozen" if freeze else ""))
         print(f"store: {label} ...", file=sys.stderr, flush=True)
-        r = _one(size, ids, bounded, args.blocks, args.ops)
+        r = _one(size, ids, bounded, freeze, args.blocks, args.ops)
         print(f"store: {label} -> held {r['held']:,}, {r['bytes_per_conversation']:,.0f} B/conversation (counted "
               f"{r['counted_bytes_per_conversation']:,.0f}), put {r['put_us']:.1f} us, take {r['take_us']:.1f} us, "
-              f"fill {r['fill_seconds']} s", file=sys.stderr, flush=True)
+              f"fill {r['fill_seconds']} s, full GC {r['full_gc_ms']} ms", file=sys.stderr, flush=True)
         results.append(r)
     meta["finished_utc"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     meta["loadavg_end"] = os.getloadavg()
@@ -401,22 +418,27 @@ def markdown(run: dict[str, Any]) -> str:
         "value* = mean sizes (the Redis value is the blob behind a small header). *put* = build the entry from "
         "decode's parsed params (packing included) + `MemoryStore.put`; *take* = `MemoryStore.take` + unpacking + "
         "the prefill leg's replay params; both per operation at steady state at that size (mean and p99). "
-        "*pack*/*unpack* = the codec alone. Block ids: *churned* = stretches of a simulated vLLM free-block queue "
+        "*pack*/*unpack* = the codec alone. *full GC* = one `gc.collect()` with the store empty -> full (the "
+        "benchmark's own objects take the first); *frozen*: "
+        "`gc.freeze()` once the (empty) store exists, as a router could at startup. Block ids: *churned* = stretches of a simulated vLLM free-block queue "
         "after churn (runs of consecutive ids); *random* = no runs at all, the codec's worst case.", "",
         "| conversations offered | held | bounds | block ids | bytes / conversation | counted | total GiB (RSS) | "
-        "blob B | Redis value B | put us (p99) | take us (p99) | pack us | unpack us | fill s |",
-        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "blob B | Redis value B | put us (p99) | take us (p99) | pack us | unpack us | full GC ms | fill s |",
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        bounds = (f"default ({r['max_entries']:,} entries, {r['max_bytes'] / GIB:g} GiB); {r['evicted']:,} evicted"
-                  if r["bounded"] else "lifted")
+        bounds = (f"default ({r['max_entries']:,} entries, {r['max_bytes'] / GIB:g} GiB); {r['evicted']:,} "
+                  f"evicted (fill and steady state)" if r["bounded"] else "lifted")
+        bounds += "; frozen" if r.get("frozen") else ""
         lines.append(
             f"| {r['size']:,} | {r['held']:,} | {bounds} | {r['ids']} (mean run {r['mean_run']}) | "
             f"{r['bytes_per_conversation']:,.0f} | {r['counted_bytes_per_conversation']:,.0f} | "
             f"{r['rss_delta_bytes'] / GIB:.2f} | {r['blob_bytes']:,.0f} | {r['redis_value_bytes']:,.0f} | "
             f"{r['put_us']:.1f} ({r['put_p99_us']:.0f}) | {r['take_us']:.1f} ({r['take_p99_us']:.0f}) | "
-            f"{r['pack_us']:.1f} | {r['unpack_us']:.1f} | {r['fill_seconds']:.1f} |")
-    million = [r for r in rows if r["size"] >= 1_000_000 and r["ids"] == "churned" and not r["bounded"]]
+            f"{r['pack_us']:.1f} | {r['unpack_us']:.1f} | {r['full_gc_empty_ms']:.0f} -> {r['full_gc_ms']:.0f} | "
+            f"{r['fill_seconds']:.1f} |")
+    million = [r for r in rows if r["size"] >= 1_000_000 and r["ids"] == "churned" and not r["bounded"]
+               and not r["frozen"]]
     if million:
         r = million[0]
         total = r["bytes_per_conversation"] * 1_000_000 / GIB
@@ -436,11 +458,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="accepted for router_bench.py; the router's entries never share their params")
     p.add_argument("--ids", choices=("churned", "random"), default="churned")
     p.add_argument("--bounded", action="store_true", help="keep the store's default bounds")
+    p.add_argument("--freeze", action="store_true", help="gc.freeze() once the store exists")
     p.add_argument("--blocks", type=int, default=2048)
     p.add_argument("--ops", type=int, default=20000)
     args = p.parse_args(argv)
     if args.size is not None:
-        result = asyncio.run(measure(args.variant, args.size, args.ids, args.blocks, args.ops, args.bounded))
+        result = asyncio.run(measure(args.variant, args.size, args.ids, args.blocks, args.ops, args.bounded,
+                                     args.freeze))
         print(json.dumps(result), flush=True)
         return 0
     args.sizes = [int(x) for x in args.sizes.split(",")]
