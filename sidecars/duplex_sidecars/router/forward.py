@@ -351,7 +351,7 @@ class _StreamRelay:
             return raw
         try:
             # An event that is not written anew is only read by the collector (strings and small indexes).
-            obj, exact = jsonio.loads(data, written_back=marked)
+            obj, exact = _event_json(data, marked)
         except ValueError:
             return None if marked else raw  # unparseable and possibly internal: dropped
         if not isinstance(obj, dict):
@@ -366,3 +366,10 @@ class _StreamRelay:
         if not present:
             return raw
         return encode_data(jsonio.dumps(obj, exact))
+
+
+def _event_json(data: bytes, written_back: bool) -> tuple[Any, bool]:
+    try:
+        return jsonio.loads(data, written_back)
+    except UnicodeDecodeError:  # bytes that are not UTF-8 read as U+FFFD, as SSE clients read them
+        return jsonio.loads(data.decode("utf-8", "replace"), written_back)

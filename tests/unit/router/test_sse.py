@@ -201,3 +201,12 @@ def test_chunks_without_params_are_relayed_untouched_and_only_parsed_when_collec
     mention = b'data: {"choices": [{"index": 0, "delta": {"content": "the kv_transfer_params field"}}]}\n\n'
     relay = _StreamRelay(None)
     assert relay.take(SSEParser().feed(mention)) == mention  # named in the text only: nothing to strip
+
+
+def test_events_that_are_not_utf8_are_read_as_replacement_characters():
+    from duplex_sidecars.router.forward import _StreamRelay
+
+    relay = _StreamRelay(ReplyCollector("chat"))
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"a\xffb"},"finish_reason":"stop"}]}\n\n'
+    assert relay.take(SSEParser().feed(event + b"data: [DONE]\n\n")) == event
+    assert relay.collector.reply().content == "a\ufffdb"
