@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -304,6 +305,24 @@ def test_concurrent_conversations_stay_consistent(sims):
         list(pool.map(two_turns, range(8)))
     assert pm.delta()["sim_nixl_reads_total"] == 8 and dm.delta()["sim_nixl_reads_total"] == 16
     assert pm.delta()["sim_corrupt_blocks_total"] == dm.delta()["sim_corrupt_blocks_total"] == 0
+
+
+def test_idle_engines_leave_the_cpu_alone(sims):
+    """NIXL's progress thread must sleep between events; its default poll timeout of 0 spun half a core per engine."""
+
+    def cpu_seconds(pid: int) -> float:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    p, d = sims["prefill"], sims["decode"]
+    turn(p, d, conversation())  # both agents connected, as after real traffic
+    pids = [p.process.pid, d.process.pid]
+    before, t0 = [cpu_seconds(pid) for pid in pids], time.monotonic()
+    time.sleep(2)
+    elapsed = time.monotonic() - t0
+    busy = [(cpu_seconds(pid) - b) / elapsed for pid, b in zip(pids, before)]
+    assert max(busy) < 0.1, f"idle engines use {busy} of a core"
 
 
 def test_launcher_reports_a_failed_start_with_the_log():

@@ -293,10 +293,10 @@ class Engine:
             if agent_name != remote.agent_name:  # the engine behind this side channel restarted
                 remote = await self.side.remote(host, port, remote.engine_id, refresh=True)
             if not self.transport.knows(remote.agent_name):
-                await self.transport.add_remote(remote.agent_metadata)
-            nbytes = await self.transport.read(
-                remote.agent_name, remote.base_addr, [block_ids[p] for p in plan.positions], wanted
-            )
+                await self.transport.add_remote(
+                    remote.agent_name, remote.agent_metadata, remote.base_addr, remote.num_blocks
+                )
+            nbytes = await self.transport.read(remote.agent_name, [block_ids[p] for p in plan.positions], wanted)
         finally:
             await self.side.release(remote, remote_request)
         await _sleep(self.cfg.cost.transfer_seconds(nbytes))
