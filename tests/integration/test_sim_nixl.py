@@ -134,6 +134,14 @@ class Meter:
         now = self._read()
         return {k: now.get(k, 0.0) - self.before.get(k, 0.0) for k in set(now) | set(self.before)}
 
+    def settled(self, name: str, value: float, timeout: float = 5.0) -> float:
+        """The delta of `name` once it reaches `value` (or at the timeout): owners free read blocks when the READ's
+        NIXL note arrives, a moment after the reader has answered."""
+        deadline = time.monotonic() + timeout
+        while (got := self.delta()[name]) != value and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return got
+
 
 # -- tests ------------------------------------------------------------------------------------------------------
 def test_turn1_decode_pulls_the_prompt_from_prefill(sims):
@@ -163,7 +171,7 @@ def test_turn1_decode_pulls_the_prompt_from_prefill(sims):
 
     assert dm.delta()["external_kv_transfer"] == prompt_tokens
     assert dm.delta()["sim_nixl_reads_total"] == 1 and dm.delta()["sim_corrupt_blocks_total"] == 0
-    assert pm.delta()["sim_retained_blocks"] == 0  # decode's release freed prefill's leased blocks
+    assert pm.settled("sim_retained_blocks", 0) == 0  # decode's READ note freed prefill's leased blocks
 
 
 def test_turn2_prefill_reads_decodes_retained_blocks(sims):

@@ -31,11 +31,17 @@ from duplex_sidecars.sim.side_channel import (
     SideChannelClient,
     SideChannelError,
     encode_metadata,
+    read_done_note,
+    request_of_note,
 )
 
 log = logging.getLogger("duplex.sim.engine")
 
 _REAP_INTERVAL_S = 0.25
+# How often an owner looks for READ-complete notes while blocks are claimed: soon after a claim (a READ on one host is
+# done in well under a millisecond), then less and less often for a claimant that went quiet (slow link, dead reader).
+_NOTE_POLL_S = 0.001
+_NOTE_POLL_MAX_S = 0.05
 
 
 class KVLoadFailed(RuntimeError):
@@ -84,15 +90,17 @@ class Engine:
         self.side = SideChannelClient()
         self.transport = transport or NixlTransport(f"{cfg.engine_id}-{uuid.uuid4().hex[:8]}", self.pool, cfg.nixl_backend)
         self._metadata = encode_metadata(self.transport.metadata())
-        self._reaper: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._claimed = asyncio.Event()
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        self._reaper = asyncio.create_task(self._reap_forever())
+        self._tasks = [asyncio.create_task(self._reap_forever()), asyncio.create_task(self._collect_read_notes())]
 
     async def stop(self) -> None:
-        if self._reaper:
-            self._reaper.cancel()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.side.close()
         self.transport.close()
 
@@ -118,12 +126,38 @@ class Engine:
             "model": self.cfg.model,
         }
 
-    def claim(self, request_id: str, block_ids: Sequence[int]) -> None:
-        self.retained.claim(request_id, block_ids, time.perf_counter())
+    async def claim(self, request_id: str, block_ids: Sequence[int], reader: str) -> None:
+        if self.retained.is_claimed(request_id):
+            # A replay right after a READ: its note is most likely here already, so the answer is "gone".
+            await self._apply_read_notes()
+        self.retained.claim(request_id, block_ids, time.perf_counter(), reader)
+        self._claimed.set()
 
-    def release(self, request_id: str) -> None:
-        self.pool.free(self.retained.release(request_id))
+    def release(self, request_id: str, reader: str | None = None) -> None:
+        self.pool.free(self.retained.release(request_id, reader))
         self.metrics.retained_blocks.set(self.retained.num_blocks)
+
+    async def _collect_read_notes(self) -> None:
+        """Free claimed blocks once their reader's READ-complete note arrives; looks only while some are claimed."""
+        delay = _NOTE_POLL_S
+        while True:
+            if not self.retained.num_claimed:
+                self._claimed.clear()
+                await self._claimed.wait()
+            if self._claimed.is_set():
+                self._claimed.clear()
+                delay = _NOTE_POLL_S
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _NOTE_POLL_MAX_S)
+            try:
+                await self._apply_read_notes()
+            except Exception:  # claimed blocks still go at their deadline
+                log.exception("could not collect NIXL notifications")
+
+    async def _apply_read_notes(self) -> None:
+        for reader, notes in (await self.transport.notifications()).items():
+            for note in notes:
+                self.release(request_of_note(note), reader)
 
     # -- serving ----------------------------------------------------------------------------------------------
     async def prefill(self, req: GenerationRequest) -> Running:
@@ -288,7 +322,8 @@ class Engine:
             self.metrics.kv_expired_reqs.inc()
             return self._load_failed(req, "expired", "blocks expired or about to")
         wanted = [remote_ids[p] for p in plan.positions]
-        agent_name = await self.side.claim(remote, remote_request, wanted)
+        agent_name = await self.side.claim(remote, remote_request, wanted, self.transport.agent_name)
+        read = False
         try:
             if agent_name != remote.agent_name:  # the engine behind this side channel restarted
                 remote = await self.side.remote(host, port, remote.engine_id, refresh=True)
@@ -296,9 +331,13 @@ class Engine:
                 await self.transport.add_remote(
                     remote.agent_name, remote.agent_metadata, remote.base_addr, remote.num_blocks
                 )
-            nbytes = await self.transport.read(remote.agent_name, [block_ids[p] for p in plan.positions], wanted)
+            local = [block_ids[p] for p in plan.positions]
+            # NIXL hands the note to the owner once the READ is complete, which releases our claim there.
+            nbytes = await self.transport.read(remote.agent_name, local, wanted, read_done_note(remote_request))
+            read = True
         finally:
-            await self.side.release(remote, remote_request)
+            if not read:
+                await self.side.release(remote, remote_request)
         await _sleep(self.cfg.cost.transfer_seconds(nbytes))
         self.metrics.nixl_reads.inc()
         self.metrics.nixl_bytes_read.inc(nbytes)

@@ -1,8 +1,8 @@
 """Blocks an engine keeps after a request finished so a remote engine can read them (single use).
 
 Decode keeps them for `decoder_kv_blocks_ttl` (no renewal); prefill keeps them for `kv_lease_duration`. A reader
-claims the entry before its NIXL READ and releases it after, which frees the blocks: replaying the same params later
-finds nothing instead of reading memory that was reused.
+claims the entry before its NIXL READ and releases it after (normally with the READ's NIXL notification), which frees
+the blocks: replaying the same params later finds nothing instead of reading memory that was reused.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ class Retained:
     num_tokens: int
     deadline: float  # on this engine's perf_counter
     claimed: bool = False
+    reader: str = ""  # the claimant's NIXL agent, when it said
 
 
 class ClaimRefused(Exception):
@@ -30,6 +31,7 @@ class ClaimRefused(Exception):
 class RetainedBlocks:
     def __init__(self) -> None:
         self._entries: dict[str, Retained] = {}
+        self._num_claimed = 0  # counted, not summed: the owner asks after every note check
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -38,10 +40,18 @@ class RetainedBlocks:
     def num_blocks(self) -> int:
         return sum(len(e.block_ids) for e in self._entries.values())
 
+    def is_claimed(self, request_id: str) -> bool:
+        entry = self._entries.get(request_id)
+        return entry is not None and entry.claimed
+
+    @property
+    def num_claimed(self) -> int:
+        return self._num_claimed
+
     def retain(self, request_id: str, block_ids: Sequence[int], num_tokens: int, deadline: float) -> None:
         self._entries[request_id] = Retained(list(block_ids), num_tokens, deadline)
 
-    def claim(self, request_id: str, block_ids: Sequence[int], now: float) -> Retained:
+    def claim(self, request_id: str, block_ids: Sequence[int], now: float, reader: str = "") -> Retained:
         """Reserve an entry for one reader, who may read only blocks the entry holds."""
         entry = self._entries.get(request_id)
         if entry is None or entry.deadline <= now:
@@ -50,13 +60,19 @@ class RetainedBlocks:
             raise ClaimRefused("claimed")
         if not set(block_ids) <= set(entry.block_ids):
             raise ClaimRefused("block_mismatch")
-        entry.claimed = True
+        entry.claimed, entry.reader = True, reader
+        self._num_claimed += 1
         return entry
 
-    def release(self, request_id: str) -> list[int]:
-        """Forget an entry; returns the blocks the caller must free (empty if it was already gone)."""
-        entry = self._entries.pop(request_id, None)
-        return entry.block_ids if entry else []
+    def release(self, request_id: str, reader: str | None = None) -> list[int]:
+        """Forget an entry; returns the blocks the caller must free (empty if it was already gone). With `reader`,
+        only that reader's claim is released: a READ-complete note from any other agent changes nothing."""
+        entry = self._entries.get(request_id)
+        if entry is None or (reader is not None and not (entry.claimed and entry.reader == reader)):
+            return []
+        del self._entries[request_id]
+        self._num_claimed -= entry.claimed
+        return entry.block_ids
 
     def expired(self, now: float) -> list[str]:
         """Entries whose time is up, claimed or not (a reader that died mid-read must not pin memory forever)."""

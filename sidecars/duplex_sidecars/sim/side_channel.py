@@ -2,8 +2,9 @@
 
 Handshake (GET /handshake): the engine's NIXL agent metadata, its buffer layout and its perf_counter clock, from which
 the reader derives the clock offset that turns `remote_blocks_expiry_time` into its own clock (vLLM #47021). Readers
-fetch it once per remote engine and cache it. POST /claim and POST /release bracket one NIXL READ of retained blocks;
-the release is the reader's "done" notification, after which the owner frees them.
+fetch it once per remote engine and cache it. POST /claim reserves retained blocks for one NIXL READ. The READ carries
+a NIXL notification (`read_done_note`), which NIXL delivers to the owner once the READ is complete and after which the
+owner frees the blocks, as vLLM's owner does; a reader whose READ failed sends POST /release instead.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class BlockOwner(Protocol):
     """What the side channel needs from the engine that owns the blocks."""
 
     def handshake(self) -> dict[str, Any]: ...
-    def claim(self, request_id: str, block_ids: Sequence[int]) -> None: ...  # raises ClaimRefused
+    async def claim(self, request_id: str, block_ids: Sequence[int], reader: str) -> None: ...  # ClaimRefused
     def release(self, request_id: str) -> None: ...
 
 
@@ -37,7 +38,8 @@ def side_channel_app(owner: BlockOwner) -> web.Application:
     async def claim(request: web.Request) -> web.Response:
         body = await request.json()
         try:
-            owner.claim(str(body["request_id"]), [int(b) for b in body["block_ids"]])
+            block_ids = [int(b) for b in body["block_ids"]]
+            await owner.claim(str(body["request_id"]), block_ids, str(body.get("reader", "")))
         except ClaimRefused as e:
             return web.json_response({"ok": False, "reason": e.reason}, status=409)
         return web.json_response({"ok": True, "agent_name": owner.handshake()["agent_name"]})
@@ -52,6 +54,15 @@ def side_channel_app(owner: BlockOwner) -> web.Application:
     app.router.add_post("/claim", claim)
     app.router.add_post("/release", release)
     return app
+
+
+def read_done_note(request_id: str) -> bytes:
+    """The NIXL notification a reader's READ carries: the owner's request id, as in vLLM's NixlConnector."""
+    return request_id.encode()
+
+
+def request_of_note(note: bytes) -> str:
+    return note.decode(errors="replace")
 
 
 def encode_metadata(md: bytes) -> str:
@@ -139,11 +150,10 @@ class SideChannelClient:
         self._remotes[key] = remote
         return remote
 
-    async def claim(self, remote: RemoteEngine, request_id: str, block_ids: Sequence[int]) -> str:
-        """Reserve retained blocks for one READ; returns the owner's current NIXL agent name."""
-        status, body = await self._post(
-            remote.host, remote.port, "/claim", {"request_id": request_id, "block_ids": list(block_ids)}
-        )
+    async def claim(self, remote: RemoteEngine, request_id: str, block_ids: Sequence[int], reader: str) -> str:
+        """Reserve retained blocks for one READ by agent `reader`; returns the owner's current NIXL agent name."""
+        payload = {"request_id": request_id, "block_ids": list(block_ids), "reader": reader}
+        status, body = await self._post(remote.host, remote.port, "/claim", payload)
         if status != 200 or not body.get("ok"):
             raise SideChannelError(str(body.get("reason", f"http_{status}")), f"request {request_id}")
         return str(body["agent_name"])

@@ -33,3 +33,16 @@ def test_expired_entries_cannot_be_claimed_and_are_reaped():
         reg.claim("r1", [3], now=100.0)
     assert reg.expired(now=99.0) == [] and reg.expired(now=100.0) == ["r1"]
     assert reg.num_blocks == 3
+
+
+def test_a_read_note_releases_only_its_readers_claim():
+    reg = _reg()
+    assert reg.release("r1", reader="agent-a") == []  # not claimed yet: a stray note frees nothing
+    reg.claim("r1", [3], now=1.0, reader="agent-a")
+    assert reg.is_claimed("r1") and reg.num_claimed == 1
+    assert reg.release("r1", reader="agent-b") == []
+    assert reg.release("r1", reader="agent-a") == [3, 4, 5]
+    assert reg.num_claimed == 0 and not reg.is_claimed("r1")
+    reg.retain("r2", [7], num_tokens=16, deadline=100.0)
+    reg.claim("r2", [7], now=1.0)
+    assert reg.release("r2") == [7] and reg.num_claimed == 0  # released unconditionally (failed READ, expiry)
