@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 _KV_MARKER = protocol.KV_PARAMS_FIELD.encode()
 _ESCAPE = b"\\u"  # a JSON \u escape: a key could spell kv_transfer_params without the marker's bytes
 _DONE_EVENT = b"data: [DONE]\n\n"
-_END_OF_BODY_SECONDS = 1.0  # how long a finished decode stream may take to close its body before its connection goes
+_END_OF_BODY_SECONDS = 5.0  # how long a finished decode stream may take to end its body before its connection is closed
 
 
 class ClientGone(Exception):
@@ -166,24 +166,22 @@ class Forwarder:
                         metrics.retries.labels("decode").inc()
                     continue
                 metrics.leg_duration.labels("decode").observe(time.perf_counter() - started)
-                done = False
+                # The relay gives the connection back when it is done with the response. Anything else closes it:
+                # dropping the connection makes the engine abort the request.
                 try:
                     if turn.stream:
                         result = await self._relay_stream(request, turn, engine, resp)
                     else:
                         result = await self._relay_body(turn, engine, resp)
-                    done = True
                 except LegFailure as failure:  # failed before the client saw a byte: worth another try
+                    resp.close()
                     failures.append(self._decode_failed(turn, engine, failure))
                     if attempt < cfg.decode_retries:
                         metrics.retries.labels("decode").inc()
                     continue
-                finally:
-                    # Closing an unfinished response drops the connection, which makes the engine abort the request.
-                    if done:
-                        resp.release()
-                    else:
-                        resp.close()
+                except BaseException:
+                    resp.close()
+                    raise
             return result
         if not failures:
             raise BackendUnavailable("No decode engines are available.")
@@ -209,6 +207,7 @@ class Forwarder:
 
     async def _relay_body(self, turn: Turn, engine: Engine, resp: aiohttp.ClientResponse) -> web.Response:
         raw = await legs.read_body(resp, self.r.config.timeouts.decode_idle_seconds)
+        resp.release()  # read to its end: the connection goes back to the pool
         try:
             body, exact = jsonio.loads(raw)
         except ValueError as exc:
@@ -231,14 +230,18 @@ class Forwarder:
     async def _relay_stream(self, request: web.Request, turn: Turn, engine: Engine,
                             resp: aiohttp.ClientResponse) -> web.StreamResponse:
         reader = legs.ChunkReader(resp, self.r.config.timeouts.decode_idle_seconds)
+        relay = _StreamRelay(ReplyCollector(turn.route) if turn.key else None)
         try:
-            return await self._relay_events(request, turn, engine, reader)
+            out = await self._relay_events(request, turn, engine, reader, relay)
         finally:
             reader.close()
+        # The end of decode's chunked body usually comes just after [DONE]: the connection then goes back to the pool
+        # for the next leg, without holding up this handler (the client has its answer already).
+        reader.finish(resp, _END_OF_BODY_SECONDS if relay.finished else 0)
+        return out
 
-    async def _relay_events(self, request: web.Request, turn: Turn, engine: Engine,
-                            reader: legs.ChunkReader) -> web.StreamResponse:
-        relay = _StreamRelay(ReplyCollector(turn.route) if turn.key else None)
+    async def _relay_events(self, request: web.Request, turn: Turn, engine: Engine, reader: legs.ChunkReader,
+                            relay: _StreamRelay) -> web.StreamResponse:
         parser = SSEParser()
         out: web.StreamResponse | None = None
         try:
@@ -273,9 +276,6 @@ class Forwarder:
         relay.held += _DONE_EVENT
         out = await self._write(request, turn, out, relay.held, last=True)
         self.r.metrics.e2e.labels(turn.route, "true").observe(time.perf_counter() - turn.started)
-        # The end of decode's chunked body usually comes just after [DONE]; waiting for it (the client has its answer
-        # already) keeps the connection for the next leg instead of closing it.
-        await reader.wait_end(_END_OF_BODY_SECONDS)
         return out
 
     async def _write(self, request: web.Request, turn: Turn, out: web.StreamResponse | None,

@@ -167,17 +167,18 @@ class ChunkReader:
         finally:
             self._waiting = False
 
-    async def wait_end(self, seconds: float) -> bool:
-        """Wait at most `seconds` for the end of a body whose last event has been read: only a response read to its
-        end lets its connection go back to the pool. Returns whether the end came."""
+    def finish(self, resp: aiohttp.ClientResponse, end_within: float) -> None:
+        """Done reading `resp`: give its connection back to the pool. aiohttp does that by itself once the body has
+        ended, which for a stream usually happens just after its last event; a body that broke, or has not ended
+        within `end_within` seconds, is closed instead."""
+        self.close()
         if self._content.is_eof():
-            return True
-        try:
-            async with asyncio.timeout(seconds):
-                await self._content.wait_eof()
-        except (asyncio.TimeoutError, aiohttp.ClientError, OSError, _Idle):
-            return False
-        return True
+            resp.release()
+        elif end_within <= 0 or self._content.exception() is not None:
+            resp.close()
+        else:
+            closer = self._loop.call_later(end_within, resp.close)
+            self._content.on_eof(closer.cancel)
 
     def close(self) -> None:
         if self._timer is not None:

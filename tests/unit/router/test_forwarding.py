@@ -439,14 +439,16 @@ async def test_a_decode_stream_quiet_before_its_first_event_is_retried(make_rig)
 
 async def test_streams_whose_body_ends_after_done_keep_their_connection(make_rig):
     rig = await make_rig()
-    rig.d.stall_seconds = 0.05  # the chunked body's end comes in its own write, well after [DONE]
+    rig.d.stall_seconds = 0.3  # the chunked body's end comes in its own write, well after [DONE]
     rig.d.actions = ["slow_end"] * 3
     for _ in range(3):
+        started = time.perf_counter()
         status, events, text = await rig.chat([USER], conv=None, stream=True)
         assert status == 200 and events[-1] == "[DONE]" and text == "hello world again"
-    await asyncio.sleep(0.1)  # the last stream's end
+        assert time.perf_counter() - started < 0.25  # the client does not wait for the end of decode's body
+        await asyncio.sleep(0.4)
     peers = {seen.peer for seen in rig.d.seen}
-    assert len(peers) == 1, peers  # one pooled connection carried every decode leg
+    assert len(peers) == 1, peers  # once the body ended, the connection went back to the pool
 
 
 async def test_values_beyond_strict_json_reach_the_engines_unchanged_and_are_never_replayed(make_rig):

@@ -103,20 +103,34 @@ async def test_a_closed_reader_leaves_the_response_alone(body_of):
     assert await resp.content.read() == b"b"
 
 
-async def test_the_end_of_a_body_is_waited_for_briefly(body_of):
-    resp = await body_of([(0, b"data: [DONE]\n\n")])
+async def test_a_finished_stream_gives_its_connection_back_when_its_body_ends(body_of):
+    resp = await body_of([(0, b"data: [DONE]\n\n"), (0.2, b"")])  # the body's end comes in its own write
+    assert resp.connection is not None
+    protocol, pool = resp.connection.protocol, resp.connection._connector._conns
     reader = ChunkReader(resp, 1)
-    try:
-        assert await reader.read() == b"data: [DONE]\n\n"
-        assert await reader.wait_end(1.0)
-    finally:
-        reader.close()
-    slow = await body_of([(0, b"a"), (2, b"b")])
-    reader = ChunkReader(slow, 5)
-    try:
-        assert await reader.read() == b"a"
-        started = time.perf_counter()
-        assert not await reader.wait_end(0.1)
-        assert time.perf_counter() - started < 1.0
-    finally:
-        reader.close()
+    assert await reader.read() == b"data: [DONE]\n\n"
+    reader.finish(resp, 5)  # returns at once
+    assert resp.connection is not None
+    await asyncio.sleep(0.5)
+    assert resp.connection is None
+    assert any(p is protocol for conns in pool.values() for p, _ in conns)  # back in the pool, reusable
+
+
+async def test_a_stream_whose_body_does_not_end_is_closed_after_a_while(body_of):
+    resp = await body_of([(0, b"a"), (3, b"b")])
+    reader = ChunkReader(resp, 5)
+    assert await reader.read() == b"a"
+    reader.finish(resp, 0.2)
+    assert not resp.closed
+    await asyncio.sleep(0.5)
+    assert resp.closed
+
+
+async def test_a_broken_stream_is_closed_at_once(body_of):
+    resp = await body_of([(0, b"a"), (3, b"b")])
+    reader = ChunkReader(resp, 0.1)
+    assert await reader.read() == b"a"
+    with pytest.raises(LegFailure):
+        await reader.read()
+    reader.finish(resp, 5)
+    assert resp.closed
