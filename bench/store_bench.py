@@ -402,6 +402,7 @@ def markdown(run: dict[str, Any]) -> str:
     lines = [
         f"# Conversation store benchmark {meta['started_utc'][:10]}", "",
         f"Command: `{meta['command']}`", "",
+        *([meta["note"], ""] if meta.get("note") else []),
         f"- Started {meta['started_utc']}, finished {meta['finished_utc']} (UTC)",
         f"- Machine: nproc {m['nproc']} ({m['cpus_usable']} usable), {m['cpu_model']}, {m['mem_total_gib']} GiB, "
         f"kernel {m['kernel']}",
