@@ -10,8 +10,9 @@ runs every measurement (a few minutes; 1M conversations take 1-3 min each) and w
                                 [--ids churned|random] [--bounded] [--blocks 2048] [--ops K]
 
 runs one measurement and prints one JSON line (what `router_bench.py` calls). `as-written` is the router's store;
-the others are the prototypes that preceded it (bytes in the same MemoryStore). `--bounded` keeps the store's default
-bounds (`store.max_entries`, `store.max_bytes`) instead of lifting them, to show what the byte bound holds.
+the others are the prototypes that preceded it (objects in a stand-in for the store they were first measured in).
+`--bounded` keeps the store's default bounds (`store.max_entries`, `store.max_bytes`) instead of lifting them, to
+show what the byte bound holds; `--freeze` calls `gc.freeze()` once the store exists.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import time
 import uuid
 import zlib
 from array import array
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -202,6 +203,34 @@ class CompactEntry:
         return tomb
 
 
+class PrototypeStore:
+    """What MemoryStore was when the prototypes were measured: entry objects in an insertion-ordered dict plus an
+    index by endpoint, swept oldest first (the router's store now keeps rows of its own Entry, which the prototypes
+    are not)."""
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[str, CompactEntry] = OrderedDict()
+        self._by_endpoint: dict[str, set[str]] = {}
+
+    async def put(self, key: str, entry: CompactEntry, ttl: float) -> int:
+        entry.expires_at = time.monotonic() + ttl
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._by_endpoint[old.decode_url].discard(key)
+        self._entries[key] = entry
+        self._by_endpoint.setdefault(entry.decode_url, set()).add(key)
+        return 0
+
+    async def take(self, key: str) -> CompactEntry | None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._by_endpoint[entry.decode_url].discard(key)
+        return entry
+
+    async def size(self) -> int:
+        return len(self._entries)
+
+
 # ---- one measurement ----------------------------------------------------------------------------------------------
 
 def _digest(i: int, salt: str) -> str:
@@ -245,7 +274,10 @@ async def measure(variant: str, size: int, ids_kind: str, blocks: int, ops: int,
         encoded = [_make_entry(variant, pool[j], *_digests(j)) for j in range(POOL)]
         make = lambda i: encoded[i % POOL].copy()
     defaults = StoreConfig()
-    if bounded:
+    store: Any
+    if variant != "as-written":
+        store = PrototypeStore()
+    elif bounded:
         store = MemoryStore(defaults.max_entries, defaults.max_bytes)
     else:
         store = MemoryStore(max_entries=size + ops + 1, max_bytes=2**62)
@@ -319,8 +351,8 @@ async def measure(variant: str, size: int, ids_kind: str, blocks: int, ops: int,
         "evicted": evicted,
         "bounded": bounded,
         "frozen": freeze,
-        "max_entries": store.max_entries if bounded else None,
-        "max_bytes": store.max_bytes if bounded else None,
+        "max_entries": store.max_entries if bounded and variant == "as-written" else None,
+        "max_bytes": store.max_bytes if bounded and variant == "as-written" else None,
         "params": "packed" if variant == "as-written" else "shared",
         "ids": ids_kind,
         "blocks": blocks,
