@@ -262,11 +262,12 @@ class MemoryStore:
     entry is added.
 
     Entries are kept as rows (tuples of strings, numbers and bytes): the garbage collector stops tracking those, so
-    a full collection does not walk every entry (with a million Entry objects it paused the router for ~0.5 s)."""
+    a full collection does not walk every entry (a million Entry objects took it ~0.5 s)."""
 
     kind = "memory"
 
-    def __init__(self, max_entries: int, max_bytes: int = 2 * 2**30, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, max_entries: int, max_bytes: int = StoreConfig.model_fields["max_bytes"].default,
+                 clock: Callable[[], float] = time.monotonic):
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._clock = clock
