@@ -234,6 +234,9 @@ def test_invalid_specs_are_rejected_by_the_api_server(op, kubectl, namespace):
         ({"kvTransfer__decodeBlocksTTL": 0}, "should be greater than or equal to 60"),
         ({"prefill__replicas": -1}, "should be greater than or equal to 0"),
         ({"router__replicas": 2}, "router.replicas above 1 needs router.store.type redis"),
+        ({"router__memory": "128Mi"}, "router.memory must be at least 256Mi"),
+        ({"decode__extraArgs": ["--tensor_parallel_size=4"]}, "use spec.decode.tensorParallelSize instead"),
+        ({"kvTransfer__sideChannelPort": 8000}, "kvTransfer.sideChannelPort must differ from 8000"),
         ({"kvTransfer__loadFailurePolicy": "explode"}, 'Unsupported value: "explode"'),
         ({"prefill__memory": None}, "network.efa.enabled needs prefill.memory and decode.memory"),
     ]

@@ -304,12 +304,26 @@ class StoreSpec(Model):
     )
 
     type: Literal["memory", "redis"] = Field("memory", description="Conversation state store.")
-    max_entries: int = Field(1_000_000, ge=1, le=100_000_000, description="Memory store bound.")
+    max_entries: int = Field(
+        1_000_000, ge=1, le=100_000_000,
+        description="Memory store bound in entries (it is also bounded in bytes by 60% of router.memory).",
+    )
     redis: RedisSpec | None = Field(None, description="Redis connection (type redis).")
+
+
+def _router_memory_ok(r: "RouterSpec") -> bool:
+    from kubernetes.utils import parse_quantity
+
+    return parse_quantity(r.memory) >= parse_quantity("256Mi")
 
 
 class RouterSpec(Model):
     RULES = (
+        Rule(
+            cel="quantity(self.memory).compareTo(quantity('256Mi')) >= 0",
+            message="router.memory must be at least 256Mi (the conversation store takes 60% of it)",
+            holds=_router_memory_ok,
+        ),
         Rule(
             cel="self.replicas <= 1 || self.store.type == 'redis'",
             message="router.replicas above 1 needs router.store.type redis, so that replicas share conversation state",
@@ -322,7 +336,11 @@ class RouterSpec(Model):
         "ghcr.io/duplex-dev/duplex:0.1.0", description="duplex image (runs `duplex router`)."
     )
     cpu: Quantity = Field("1", description="CPU request and limit.")
-    memory: Quantity = Field("1Gi", description="Memory request and limit.")
+    memory: Quantity = Field(
+        "3Gi",
+        description="Memory request and limit. The in-memory conversation store may fill 60% of it "
+        "(about 1M conversations with 32k-token histories at 3Gi).",
+    )
     service: ServiceSpec = Field(default_factory=ServiceSpec, description="Router Service.")
     conversation: ConversationSpec = Field(default_factory=ConversationSpec, description="Conversation identity and TTL.")
     store: StoreSpec = Field(default_factory=StoreSpec, description="Conversation state store.")

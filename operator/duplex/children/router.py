@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kubernetes.utils import parse_quantity
+
 from duplex_sidecars.router.config import (
     ConversationConfig,
     EndpointSliceDiscovery,
@@ -18,6 +20,8 @@ from duplex.children.kv_config import kv_transfer_config, router_ttl
 from duplex.children.labels import HTTP_PORT, child_name, labels, selector
 
 CONFIG_KEY = "router.json"
+# Share of the router container's memory limit the conversation store may fill; the rest is the process itself.
+STORE_MEMORY_SHARE = 0.6
 CONFIG_DIR = "/etc/duplex"
 REDIS_URL_ENV = "DUPLEX_REDIS_URL"
 
@@ -45,6 +49,7 @@ def router_config(spec: DisaggregatedServingSpec, serving: str, namespace: str) 
         store=StoreConfig(
             kind=store.type,
             max_entries=store.max_entries,
+            max_bytes=int(float(parse_quantity(spec.router.memory)) * STORE_MEMORY_SHARE),
             redis_url=redis.url if redis else None,
             redis_url_env=REDIS_URL_ENV if redis and redis.url_secret else None,
         ),

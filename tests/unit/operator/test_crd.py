@@ -173,7 +173,7 @@ VIOLATIONS: dict[str, list[dict[str, Any]]] = {
     "KVTransferSpec": [{"sideChannelPort": 8000}],
     "RedisSpec": [{}],
     "StoreSpec": [{"type": "redis"}],
-    "RouterSpec": [{"replicas": 2}],
+    "RouterSpec": [{"memory": "128Mi"}, {"replicas": 2}],
     **{cls: [{"extraArgs": ["--enforce-eager", flags[0], "1"]} for flags, _ in OWNED_FLAGS]
        for cls in ("ModelSpec", "PrefillSpec", "DecodeSpec")},
 }

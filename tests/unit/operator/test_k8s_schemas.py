@@ -264,7 +264,7 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
             "sideChannelPort": st.integers(1024, 65535)})),
         "router": {
             "replicas": router_replicas,
-            "cpu": draw(_QUANTITY), "memory": draw(_QUANTITY),
+            "cpu": draw(_QUANTITY), "memory": draw(st.sampled_from(["256Mi", "1Gi", "3Gi", "1024Mi", "64G"])),
             "service": draw(st.fixed_dictionaries({}, optional={
                 "type": st.sampled_from(["ClusterIP", "NodePort", "LoadBalancer"]), "port": st.integers(1, 65535),
                 "annotations": st.dictionaries(_NODE_KEYS, st.text(max_size=10), max_size=2)})),

@@ -221,3 +221,21 @@ def test_rbac_metadata_objects_are_independent() -> None:
 def test_router_config_always_valid_for_the_router(patch: dict[str, Any] | None) -> None:
     cfg = parsed_config(patch)
     assert cfg.conversation.ttl_seconds < cfg.conversation.engine_blocks_ttl_seconds
+
+
+@pytest.mark.parametrize("memory,store_bytes", [("3Gi", int(3 * 2**30 * 0.6)), ("256Mi", int(256 * 2**20 * 0.6))])
+def test_router_store_is_bounded_by_the_router_memory(memory: str, store_bytes: int) -> None:
+    from duplex.render import parse_spec
+    from duplex.children.router import router_config
+
+    spec_ = parse_spec({"model": {"name": "m"}, "router": {"memory": memory}})
+    assert router_config(spec_, "s", "ns").store.max_bytes == store_bytes
+
+
+@pytest.mark.parametrize("memory", ["255Mi", "128Mi", "1"])
+def test_router_memory_minimum(memory: str) -> None:
+    from duplex.render import InvalidSpec, parse_spec
+
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec({"model": {"name": "m"}, "router": {"memory": memory}})
+    assert "router.memory must be at least 256Mi" in str(err.value)
