@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -15,23 +14,12 @@ from typing import Iterator
 import pytest
 
 from duplex_sidecars.router.client import ChatClient, Conversation
-from duplex_sidecars.router.launcher import RedisServer, RouterProcess
+from duplex_sidecars.router.launcher import RouterProcess
 from duplex_sidecars.sim.launcher import SimProcess, sim_pair
 
 pytestmark = pytest.mark.redis
 
 LONG = "Describe the water cycle step by step, with examples from three continents. " * 8
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    if not RedisServer.available():
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("CI: redis-server is missing (hack/setup.sh installs it); this is a failure, not a skip",
-                        pytrace=False)
-        pytest.skip("redis-server not installed (apt-get install -y redis-server)")
-    with RedisServer() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import os
 import random
 import time
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -21,7 +20,6 @@ from hypothesis import strategies as st
 from duplex_sidecars import protocol
 from duplex_sidecars.router import reuse
 from duplex_sidecars.router.history import Covered
-from duplex_sidecars.router.launcher import RedisServer
 from duplex_sidecars.router.store import (
     ENDPOINT_GONE,
     ENTRY_OVERHEAD_BYTES,
@@ -49,16 +47,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    if not RedisServer.available():
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("CI: redis-server is missing (hack/setup.sh installs it); this is a failure, not a skip")
-        pytest.skip("redis-server not installed (apt-get install -y redis-server)")
-    with RedisServer() as server:
-        yield server
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
