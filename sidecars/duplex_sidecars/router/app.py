@@ -21,7 +21,8 @@ from duplex_sidecars.router.endpoints import DECODE, PREFILL, Engines, HealthPro
 from duplex_sidecars.router.endpointslices import EndpointSliceWatcher
 from duplex_sidecars.router.errors import RouterError, error_response, from_router_error
 from duplex_sidecars.router.forward import ClientGone, Forwarder
-from duplex_sidecars.router.legs import make_session
+from duplex_sidecars.router.engine_client import EngineClient
+from duplex_sidecars.router.legs import make_engine_client, make_session
 from duplex_sidecars.router.metrics import RouterMetrics
 from duplex_sidecars.router.store import MemoryStore, RedisStore, Store, StoreError, make_store
 from duplex_sidecars.router.turn import ROUTES, parse_turn, read_body
@@ -43,7 +44,8 @@ class Router:
         self.metrics = RouterMetrics()
         self.engines = Engines(self.metrics)
         self.store: Store = store or make_store(config.store)
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None  # probes and /v1/models
+        self.engine_client: EngineClient = make_engine_client(resolver)  # the legs
         self.prober: HealthProber | None = None
         self.watcher: EndpointSliceWatcher | None = None
         self.forwarder = Forwarder(self)
@@ -80,6 +82,7 @@ class Router:
             self.watcher = None
         await self.engines.settle()
         await self.store.close()
+        await self.engine_client.close()
         if self.session is not None:
             await self.session.close()
 

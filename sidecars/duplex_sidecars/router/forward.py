@@ -13,6 +13,7 @@ from aiohttp import web
 from duplex_sidecars import protocol
 from duplex_sidecars.router import jsonio, legs, reuse
 from duplex_sidecars.router.endpoints import Engine
+from duplex_sidecars.router.engine_client import EngineResponse
 from duplex_sidecars.router.errors import BackendFailed, BackendUnavailable, RouterError, sse_error_event
 from duplex_sidecars.router.history import Reply
 from duplex_sidecars.router.legs import CONNECT, STATUS_4XX, TIMEOUT, LegFailure
@@ -97,7 +98,8 @@ class Forwarder:
             started = time.perf_counter()
             try:
                 with pool.busy(engine):
-                    reply = await legs.prefill(self.r.session, engine.url + turn.path, body, headers, cfg.timeouts)
+                    reply = await legs.prefill(self.r.engine_client, engine.url, turn.path, body, headers,
+                                               cfg.timeouts)
             except LegFailure as failure:
                 metrics.backend_errors.labels("prefill", failure.kind).inc()
                 failures.append(failure)
@@ -157,7 +159,8 @@ class Forwarder:
             started = time.perf_counter()
             with decode_pool.busy(engine):
                 try:
-                    resp = await legs.open_decode(self.r.session, engine.url + turn.path, body, headers, cfg.timeouts)
+                    resp = await legs.open_decode(self.r.engine_client, engine.url, turn.path, body, headers,
+                                                  cfg.timeouts)
                 except LegFailure as failure:
                     failures.append(self._decode_failed(turn, engine, failure))
                     if not failure.retryable:
@@ -205,7 +208,7 @@ class Forwarder:
 
     # ---- non-streaming -------------------------------------------------------------------------------------------
 
-    async def _relay_body(self, turn: Turn, engine: Engine, resp: aiohttp.ClientResponse) -> web.Response:
+    async def _relay_body(self, turn: Turn, engine: Engine, resp: EngineResponse) -> web.Response:
         raw = await legs.read_body(resp, self.r.config.timeouts.decode_idle_seconds)
         resp.release()  # read to its end: the connection goes back to the pool
         try:
@@ -228,7 +231,7 @@ class Forwarder:
     # ---- streaming -----------------------------------------------------------------------------------------------
 
     async def _relay_stream(self, request: web.Request, turn: Turn, engine: Engine,
-                            resp: aiohttp.ClientResponse) -> web.StreamResponse:
+                            resp: EngineResponse) -> web.StreamResponse:
         reader = legs.ChunkReader(resp, self.r.config.timeouts.decode_idle_seconds)
         relay = _StreamRelay(ReplyCollector(turn.route) if turn.key else None)
         try:

@@ -15,6 +15,7 @@ import aiohttp.abc
 
 from duplex_sidecars.router import jsonio
 from duplex_sidecars.router.config import TimeoutsConfig
+from duplex_sidecars.router.engine_client import EngineClient, EngineConnectError, EngineResponse
 
 CONNECT = "connect"  # nothing reached the engine
 TIMEOUT = "timeout"
@@ -46,9 +47,10 @@ def nodelay_socket(addr_info: Any) -> socket.socket:
 
 
 def make_session(resolver: aiohttp.abc.AbstractResolver | None = None) -> aiohttp.ClientSession:
-    """One pooled session for every leg and probe. `resolver` overrides name resolution of engine hosts."""
+    """The aiohttp session for health probes and other requests off the hot path. `resolver` overrides name
+    resolution of engine hosts."""
     connector = aiohttp.TCPConnector(
-        limit=0,  # the engines' own queues do the admission control
+        limit=0,
         keepalive_timeout=60,
         socket_factory=nodelay_socket,
         enable_cleanup_closed=False,
@@ -59,6 +61,20 @@ def make_session(resolver: aiohttp.abc.AbstractResolver | None = None) -> aiohtt
                                  cookie_jar=aiohttp.DummyCookieJar())
 
 
+def make_engine_client(resolver: aiohttp.abc.AbstractResolver | None = None) -> EngineClient:
+    """The client for the prefill and decode legs, resolving engine hosts the way the session does."""
+    if resolver is None:
+        return EngineClient()
+
+    async def resolve(host: str, port: int) -> str:
+        found = await resolver.resolve(host, port, socket.AF_INET)
+        if not found:
+            raise OSError(f"cannot resolve {host}")
+        return str(found[0]["host"])
+
+    return EngineClient(resolve)
+
+
 def leg_headers(request_id: str, api_key: str | None) -> dict[str, str]:
     headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
     if api_key:
@@ -67,36 +83,40 @@ def leg_headers(request_id: str, api_key: str | None) -> dict[str, str]:
 
 
 def _classify(exc: BaseException) -> LegFailure:
-    if isinstance(exc, (aiohttp.ClientConnectorError, ConnectionRefusedError)):
-        return LegFailure(CONNECT, f"cannot connect: {exc}")
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return LegFailure(CONNECT, "connect timed out")
+    if isinstance(exc, EngineConnectError):
+        return LegFailure(CONNECT, str(exc))
     if isinstance(exc, asyncio.TimeoutError):
         return LegFailure(TIMEOUT, "timed out")
     return LegFailure(BROKEN, f"{type(exc).__name__}: {exc}")
 
 
-async def _status_failure(resp: aiohttp.ClientResponse) -> LegFailure:
+async def _status_failure(resp: EngineResponse) -> LegFailure:
     try:
-        body = await asyncio.wait_for(resp.read(), 10)
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+        async with asyncio.timeout(10):
+            body = await resp.read()
+    except (ConnectionError, asyncio.TimeoutError):
         body = b""
+    finally:
+        resp.release()
     kind = STATUS_4XX if 400 <= resp.status < 500 else STATUS_5XX
     return LegFailure(kind, f"HTTP {resp.status}", status=resp.status, body=body)
 
 
-async def prefill(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str],
+async def prefill(client: EngineClient, base: str, path: str, body: bytes, headers: dict[str, str],
                   timeouts: TimeoutsConfig) -> dict[str, Any]:
-    """Run the prefill leg (`body` is the JSON to send); returns prefill's JSON reply."""
-    timeout = aiohttp.ClientTimeout(total=timeouts.prefill_seconds, sock_connect=timeouts.connect_seconds)
+    """Run the prefill leg (`body` is the JSON to send) on the engine at `base`; returns prefill's JSON reply."""
+    resp: EngineResponse | None = None
     try:
-        async with session.post(url, data=body, headers=headers, timeout=timeout) as resp:
+        async with asyncio.timeout(timeouts.prefill_seconds):
+            resp = await client.post(base, path, body, headers, timeouts.connect_seconds)
             if resp.status != 200:
                 raise await _status_failure(resp)
             raw = await resp.read()
     except LegFailure:
         raise
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+    except (ConnectionError, asyncio.TimeoutError, OSError) as exc:
+        if resp is not None:
+            resp.close()
         raise _classify(exc) from exc
     try:
         reply, _ = jsonio.loads(raw)
@@ -107,26 +127,22 @@ async def prefill(session: aiohttp.ClientSession, url: str, body: bytes, headers
     return reply
 
 
-async def open_decode(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str],
-                      timeouts: TimeoutsConfig) -> aiohttp.ClientResponse:
-    """Start the decode leg (`body` is the JSON to send); returns the open 200 response (the caller reads and
-    releases it)."""
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_seconds)
+async def open_decode(client: EngineClient, base: str, path: str, body: bytes, headers: dict[str, str],
+                      timeouts: TimeoutsConfig) -> EngineResponse:
+    """Start the decode leg (`body` is the JSON to send) on the engine at `base`; returns the open 200 response (the
+    caller reads it, then releases or closes it)."""
     try:
         async with asyncio.timeout(timeouts.decode_first_byte_seconds):
-            resp = await session.post(url, data=body, headers=headers, timeout=timeout)
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            resp = await client.post(base, path, body, headers, timeouts.connect_seconds)
+    except (ConnectionError, asyncio.TimeoutError, OSError) as exc:
         raise _classify(exc) from exc
     if resp.status != 200:
-        try:
-            raise await _status_failure(resp)
-        finally:
-            resp.release()
+        raise await _status_failure(resp)
     return resp
 
 
 class _Idle(Exception):
-    """Set on a response's stream by `ChunkReader`'s timer: wakes the waiting read."""
+    """Set on a response by `ChunkReader`'s timer: wakes the waiting read."""
 
 
 class ChunkReader:
@@ -136,8 +152,8 @@ class ChunkReader:
     One timer per stream, not one per read: each read only notes when it started waiting, and the timer, when it
     fires, either ends the wait that has gone on too long or sets itself again for the earliest moment one could."""
 
-    def __init__(self, resp: aiohttp.ClientResponse, idle_seconds: float):
-        self._content = resp.content
+    def __init__(self, resp: EngineResponse, idle_seconds: float):
+        self._resp = resp
         self._idle = idle_seconds
         self._loop = asyncio.get_running_loop()
         self._since = self._loop.time()
@@ -150,7 +166,7 @@ class ChunkReader:
             self._timer = self._loop.call_at(now + self._idle, self._check)  # no wait can end before this
         elif now >= self._since + self._idle:
             self._timer = None
-            self._content.set_exception(_Idle())
+            self._resp.set_exception(_Idle())
         else:
             self._timer = self._loop.call_at(self._since + self._idle, self._check)
 
@@ -159,26 +175,26 @@ class ChunkReader:
         self._since = self._loop.time()
         self._waiting = True
         try:
-            return await self._content.readany()
+            return await self._resp.read_any()
         except _Idle as exc:
             raise LegFailure(TIMEOUT, f"no data for {self._idle:g}s") from exc
-        except (aiohttp.ClientError, OSError) as exc:
+        except (ConnectionError, OSError) as exc:
             raise LegFailure(BROKEN, f"{type(exc).__name__}: {exc}") from exc
         finally:
             self._waiting = False
 
-    def finish(self, resp: aiohttp.ClientResponse, end_within: float) -> None:
-        """Done reading `resp`: give its connection back to the pool. aiohttp does that by itself once the body has
-        ended, which for a stream usually happens just after its last event; a body that broke, or has not ended
-        within `end_within` seconds, is closed instead."""
+    def finish(self, resp: EngineResponse, end_within: float) -> None:
+        """Done reading `resp`: its connection goes back to the pool once the body has ended, which for a stream
+        usually happens just after its last event; a body that broke, or has not ended within `end_within` seconds,
+        is closed instead."""
         self.close()
-        if self._content.is_eof():
+        if resp.is_eof():
             resp.release()
-        elif end_within <= 0 or self._content.exception() is not None:
+        elif end_within <= 0 or resp.exception() is not None:
             resp.close()
         else:
             closer = self._loop.call_later(end_within, resp.close)
-            self._content.on_eof(closer.cancel)
+            resp.on_eof(closer.cancel)
 
     def close(self) -> None:
         if self._timer is not None:
@@ -186,13 +202,13 @@ class ChunkReader:
             self._timer = None
 
 
-async def read_body(resp: aiohttp.ClientResponse, idle_seconds: float) -> bytes:
+async def read_body(resp: EngineResponse, idle_seconds: float) -> bytes:
     reader = ChunkReader(resp, idle_seconds)
     try:
-        data = bytearray()
+        parts = []
         while chunk := await reader.read():
-            data += chunk
-        return bytes(data)
+            parts.append(chunk)
+        return b"".join(parts)
     finally:
         reader.close()
 

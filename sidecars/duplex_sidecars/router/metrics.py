@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # Every reason a request's prefill leg goes out without replayed blocks.
@@ -17,6 +19,21 @@ MISS_REASONS: tuple[str, ...] = (
     "prefill_retry",
 )
 
+class _Children:
+    """A labelled metric for the hot path: each label set's child is looked up once (prometheus-client validates
+    the values and takes a lock on every `labels` call). Only for label sets that are never removed."""
+
+    def __init__(self, metric: Any):
+        self.metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def labels(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self.metric.labels(*values)
+        return child
+
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
@@ -24,47 +41,47 @@ class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
+        self.requests = _Children(Counter(
             "duplex_router_requests", "Client requests by route and final HTTP status.", ["route", "status"], registry=r
-        )
-        self.ttft = Histogram(
+        ))
+        self.ttft = _Children(Histogram(
             "duplex_router_time_to_first_token_seconds",
             "From request arrival to the first byte sent to the client.",
             ["route", "stream"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
-        )
-        self.e2e = Histogram(
+        ))
+        self.e2e = _Children(Histogram(
             "duplex_router_request_duration_seconds",
             "From request arrival to the last byte sent to the client.",
             ["route", "stream"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
-        )
-        self.leg_duration = Histogram(
+        ))
+        self.leg_duration = _Children(Histogram(
             "duplex_router_leg_duration_seconds",
             "Prefill leg until its reply; decode leg until its response headers.",
             ["leg"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
-        )
+        ))
         self.reuse_hits = Counter(
             "duplex_router_kv_reuse_hits", "Prefill legs that carried decode's retained blocks.", registry=r
         )
-        self.reuse_misses = Counter(
+        self.reuse_misses = _Children(Counter(
             "duplex_router_kv_reuse_misses", "Prefill legs sent with the miss payload, by reason.", ["reason"], registry=r
-        )
+        ))
         self.reused_tokens = Counter(
             "duplex_router_kv_reused_tokens",
             "Sum of remote_num_tokens replayed to prefill (tokens offered for the D->P pull).",
             registry=r,
         )
-        self.captures = Counter(
+        self.captures = _Children(Counter(
             "duplex_router_kv_captures",
             "Decode replies by what was stored: stored, not_replayable, no_params, not_stored (no id or failed).",
             ["outcome"],
             registry=r,
-        )
+        ))
         self.retries = Counter("duplex_router_retries", "Leg retries, by leg.", ["leg"], registry=r)
         self.backend_errors = Counter(
             "duplex_router_backend_errors",
