@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import orjson
 from aiohttp import web
 
 from duplex_sidecars import protocol
@@ -350,25 +351,36 @@ class _StreamRelay:
             return None  # [DONE] goes out after the entry is stored
         raw = event.raw
         marked = _KV_MARKER in raw or _ESCAPE in raw
-        if self.collector is None and not marked:
+        if not marked:
+            if self.collector is not None:
+                self._collect(data)
             return raw
-        try:
-            # An event that is not written anew is only read by the collector (strings and small indexes).
-            obj, exact = _event_json(data, marked)
+        try:  # an event that may carry the params: parsed to be written anew without them
+            obj, exact = _event_json(data, True)
         except ValueError:
-            return None if marked else raw  # unparseable and possibly internal: dropped
+            return None  # unparseable and possibly internal: dropped
         if not isinstance(obj, dict):
-            return None if marked else raw
+            return None
         if self.collector is not None:
             self.collector.add(obj, exact)
-        if not marked:
-            return raw
         found, present = strip_kv_params(obj)
         if found is not None:
             self.kv_params = found
         if not present:
             return raw
         return encode_data(jsonio.dumps(obj, exact))
+
+    def _collect(self, data: bytes) -> None:
+        """Show the collector an event that goes out as it is (the common case, kept lean: one per token)."""
+        try:
+            obj, exact = orjson.loads(data), True
+        except orjson.JSONDecodeError:
+            try:
+                obj, exact = _event_json(data, False)  # NaN, bytes that are not UTF-8, ...
+            except ValueError:
+                return
+        if type(obj) is dict:
+            self.collector.add(obj, exact)  # type: ignore[union-attr]
 
 
 def _event_json(data: bytes, written_back: bool) -> tuple[Any, bool]:
