@@ -133,10 +133,13 @@ class Router:
         old = self.config
         if (new.host, new.port) != (old.host, old.port):
             log.warning("config: host/port changes take effect after a restart")
-        if new.store.model_dump(exclude={"max_entries"}) != old.store.model_dump(exclude={"max_entries"}):
+        bounds = {"max_entries", "max_bytes"}
+        if new.store.model_dump(exclude=bounds) != old.store.model_dump(exclude=bounds):
             log.warning("config: store backend changes take effect after a restart")
         if isinstance(self.store, MemoryStore):
+            # Lower bounds evict the oldest entries at the next put or maintenance pass.
             self.store.max_entries = new.store.max_entries
+            self.store.max_bytes = new.store.max_bytes
         self.engine_api_key = self._api_key(new)
         if self.prober is not None:
             hc = new.health_check
@@ -176,6 +179,9 @@ class Router:
                 size = await self.store.size()
                 if size is not None:
                     self.metrics.store_entries.set(size)
+                held = self.store.bytes_held()
+                if held is not None:
+                    self.metrics.store_bytes.set(held)
             except Exception:
                 log.exception("store maintenance failed")
             await asyncio.sleep(_MAINTENANCE_SECONDS)

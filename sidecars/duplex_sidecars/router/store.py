@@ -334,8 +334,10 @@ class MemoryStore:
                 dropped += 1
         return dropped
 
-    async def sweep(self) -> None:
-        self._sweep(self._clock())
+    async def sweep(self) -> int:
+        """Remove what has expired, and the oldest entries beyond the bounds (lowered by a reload); returns how many
+        were evicted."""
+        return self._sweep(self._clock(), evict=True)
 
     async def size(self) -> int:
         return len(self._entries)

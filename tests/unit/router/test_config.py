@@ -129,3 +129,44 @@ def test_config_model_additions_have_defaults():
     cfg = RouterConfig()
     assert cfg.health_check.path == "/health" and cfg.store.op_timeout_seconds > 0
     assert cfg.discovery is None and cfg.engine_api_key_env is None
+
+
+async def test_reload_applies_memory_store_bounds_without_a_restart(caplog):
+    base = {"prefill": ["http://127.0.0.1:9"], "decode": ["http://127.0.0.1:10"]}
+    router = Router(RouterConfig.model_validate(base))
+    lowered = RouterConfig.model_validate({**base, "store": {"max_entries": 7, "max_bytes": 1 << 20}})
+    with caplog.at_level("WARNING"):
+        await router.apply(lowered)
+    assert (router.store.max_entries, router.store.max_bytes) == (7, 1 << 20)
+    assert "restart" not in caplog.text
+    with caplog.at_level("WARNING"):
+        await router.apply(RouterConfig.model_validate({**base, "store": {"kind": "redis", "redis_url":
+                                                                          "redis://127.0.0.1:1"}}))
+    assert "store backend changes take effect after a restart" in caplog.text
+    assert router.store.kind == "memory"
+    await router.stop()
+
+
+async def test_maintenance_keeps_the_store_gauges_current(monkeypatch):
+    from duplex_sidecars.router import app as app_module
+    from duplex_sidecars.router.history import Covered
+    from duplex_sidecars.router.store import Entry
+
+    monkeypatch.setattr(app_module, "_MAINTENANCE_SECONDS", 0.02)
+    router = Router(RouterConfig.model_validate({"prefill": ["http://127.0.0.1:9"], "decode": ["http://127.0.0.1:10"],
+                                                 "health_check": {"interval_seconds": 60, "timeout_seconds": 0.2}}))
+    await router.start()
+    try:
+        # Entries put behind the request path's back (as a reload's eviction or expiry changes them).
+        e = Entry(decode_url="http://127.0.0.1:10", params={"remote_engine_id": "d", "remote_num_tokens": 1},
+                  covered=Covered("messages", "abc", 3), scope="s")
+        await router.store.put("k", e, ttl=60)
+        sample = router.metrics.registry.get_sample_value
+        for _ in range(100):
+            if sample("duplex_router_store_bytes") == router.store.bytes_held() > 0:
+                break
+            await asyncio.sleep(0.02)
+        assert sample("duplex_router_store_bytes") == router.store.bytes_held() > 0
+        assert sample("duplex_router_store_entries") == 1
+    finally:
+        await router.stop()

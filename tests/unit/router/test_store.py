@@ -395,3 +395,16 @@ async def test_memory_entries_are_not_walked_by_the_garbage_collector():
     gc.collect()  # untracks tuples of atoms
     assert not gc.is_tracked(s._entries["k"])
     assert not any(gc.is_tracked(keys) for keys in s._by_endpoint.values())  # the keys held by each endpoint
+
+
+async def test_memory_sweep_applies_lowered_bounds():
+    clock = Clock()
+    s = MemoryStore(max_entries=10, clock=clock)
+    for i in range(6):
+        await s.put(f"k{i}", entry(), ttl=10)
+    s.max_entries = 4  # what a config reload does
+    assert await s.sweep() == 2
+    assert await s.size() == 4 and await s.take("k0") is None and await s.take("k2") is not None
+    s.max_bytes = entry().nbytes
+    assert await s.sweep() == 2  # k3 and k4 go, k5 stays
+    assert await s.size() == 1 and s.bytes_held() == entry().nbytes
