@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import socket
 import ssl
 import time
@@ -18,6 +19,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
+
+log = logging.getLogger(__name__)
 
 _HIGH_WATER = 1 << 20  # unread body bytes at which reading from the engine pauses
 _LOW_WATER = 1 << 18
@@ -36,7 +39,7 @@ class EngineDisconnected(ConnectionError):
 class _Origin:
     """scheme://host:port, parsed once per engine URL."""
 
-    __slots__ = ("key", "host", "port", "ssl", "host_header")
+    __slots__ = ("key", "host", "port", "ssl", "host_header", "prefix")
 
     def __init__(self, base: str):
         parts = urlsplit(base)
@@ -48,6 +51,7 @@ class _Origin:
         self.key = base
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.host_header = host if parts.port is None else f"{host}:{self.port}"
+        self.prefix = parts.path.rstrip("/")  # an engine behind a path (a gateway) keeps it
 
 
 class EngineResponse:
@@ -91,7 +95,10 @@ class EngineResponse:
         self._wake()
         callbacks, self._eof_callbacks = self._eof_callbacks, []
         for callback in callbacks:
-            callback()
+            try:
+                callback()
+            except Exception:  # one failing callback must not keep the others (or the connection) from their end
+                log.exception("end-of-body callback failed")
 
     def set_exception(self, exc: BaseException) -> None:
         """Fail the current and every later read (unless the body has already ended)."""
@@ -157,6 +164,8 @@ class EngineResponse:
         conn, self._conn = self._conn, None
         if not self._eof:
             self.closed = True
+            self._chunks.clear()  # nothing more is read from a closed response
+            self._size = 0
         if conn is not None and not self._eof:
             conn.abort()
             self.set_exception(EngineDisconnected("response closed"))
@@ -195,7 +204,7 @@ class _Connection(asyncio.Protocol):
         self.received = True
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:  # garbage, or a 101 nobody asked for
             self._fail(EngineDisconnected(f"malformed HTTP response: {exc}"))
             self.abort()
         fed, self._fed = self._fed, None
@@ -364,8 +373,11 @@ class EngineClient:
                     server_hostname=origin.host if context else None)
         except TimeoutError as exc:
             raise EngineConnectError("connect timed out") from exc
-        except OSError as exc:
+        except (OSError, ValueError, LookupError) as exc:  # also what a resolver may raise for an unknown name
             raise EngineConnectError(f"cannot connect to {origin.key}: {exc}") from exc
+        if self._closed:  # closed while this connection was being made
+            conn.abort()
+            raise EngineConnectError("the client is closed")
         return conn
 
     def _ssl_context(self) -> ssl.SSLContext:
@@ -401,7 +413,10 @@ class EngineClient:
 
 
 def _request_head(origin: _Origin, path: str, length: int, headers: dict[str, str]) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", f"Host: {origin.host_header}", f"Content-Length: {length}"]
+    target = origin.prefix + path
+    if not target.startswith("/") or any(c in target for c in " \r\n"):
+        raise ValueError(f"not a request path: {target!r}")
+    lines = [f"POST {target} HTTP/1.1", f"Host: {origin.host_header}", f"Content-Length: {length}"]
     for name, value in headers.items():
         if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
             raise ValueError(f"header {name!r} has characters HTTP does not allow")

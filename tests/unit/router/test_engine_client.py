@@ -699,8 +699,6 @@ async def test_unexpected_101_is_engine_disconnected(serve, client):
     await until(server.peers[0].gone.is_set)
 
 
-@pytest.mark.xfail(strict=True, reason="httptools raises HttpParserUpgrade (not an HttpParserError) for a 101; it "
-                                       "escapes _Connection.data_received and asyncio logs a fatal protocol error")
 async def test_unexpected_101_is_handled_without_a_fatal_protocol_error(serve, client, caplog):
     async def handler(peer: Peer) -> None:
         await peer.request()
@@ -869,8 +867,6 @@ async def test_request_framing(serve, client, size):
     assert req.body == body
 
 
-@pytest.mark.xfail(strict=True, reason="_Origin drops the path of `base`: a base like http://gw/engine-a posts to "
-                                       "/v1/... instead of /engine-a/v1/... (the aiohttp legs posted to base + path)")
 async def test_base_with_a_path_prefix_is_kept(serve, client):
     server = await serve(keep_alive(lambda req: ok()))
     resp = await client.post(server.base + "/engine-a", "/v1/completions", b"{}", {}, 1.0)
