@@ -81,9 +81,13 @@ class _HttpRouter:
 class DuplexRouter(_HttpRouter):
     name = "duplex"
 
-    def __init__(self, prefill_url: str, decode_url: str, conversation_ttl: float, engine_blocks_ttl: float):
+    def __init__(self, prefill_url: str, decode_url: str, conversation_ttl: float, engine_blocks_ttl: float,
+                 name: str = "duplex", pythonpath: str | None = None):
+        """`pythonpath` runs another tree's router (an exported git revision) in place of this one."""
+        self.name = name
         config = {"conversation": {"ttl_seconds": conversation_ttl, "engine_blocks_ttl_seconds": engine_blocks_ttl}}
-        self.process = RouterProcess(prefill=[prefill_url], decode=[decode_url], config=config)
+        env = {"PYTHONPATH": pythonpath} if pythonpath else None
+        self.process = RouterProcess(prefill=[prefill_url], decode=[decode_url], config=config, env=env)
         self.url = self.process.url
         self.metrics_url = self.url + "/metrics"
 

@@ -86,6 +86,7 @@ def machine_facts(root: str) -> dict[str, Any]:
         "kernel": platform.release(),
         "python": sys.version.split()[0],
         "aiohttp": _version("aiohttp"),
+        "httptools": _version("httptools"),
         "vllm_router": _version("vllm-router"),
         "git_commit": commit,
         # Uncommitted changes under sidecars/ would mean the measured router is not the committed one.

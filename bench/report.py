@@ -170,7 +170,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"- Started {meta['started_utc']}, finished {meta.get('finished_utc')} (UTC)",
         (f"- Machine: nproc {m['nproc']} ({m['cpus_usable']} usable), {m['cpu_model']}, {m['mem_total_gib']} GiB, "
         f"kernel {m['kernel']}"),
-        f"- Python {m['python']}, aiohttp {m['aiohttp']}, vllm-router {m['vllm_router']}, duplex commit "
+        f"- Python {m['python']}, aiohttp {m['aiohttp']}, httptools {m.get('httptools', '-')}, vllm-router {m['vllm_router']}, duplex commit "
         f"{m['git_commit']}" + (" (sidecars/ has uncommitted changes)" if m.get("sidecars_dirty") else ""),
         (f"- Load average at start {meta['loadavg_start'][0]:.2f}, at end {meta.get('loadavg_end', [0])[0]:.2f} "
         "(everything - load generator, engines, routers - shares this machine)"),

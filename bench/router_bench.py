@@ -19,6 +19,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import ExitStack
 from typing import Any
@@ -63,6 +64,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--clients", default="1,16,64", help="concurrent clients per cell, comma-separated")
     p.add_argument("--modes", default="non-stream,stream", help="non-stream and/or stream")
     p.add_argument("--contenders", default=",".join(CONTENDERS), help="subset of " + ",".join(CONTENDERS))
+    p.add_argument("--duplex-at", action="append", default=[], metavar="REV",
+                   help="also run duplex's router as of git revision REV (contender duplex@REV, against the same "
+                        "floor as duplex), for a before/after in one run; repeatable")
     w = p.add_argument_group("workload (per conversation)")
     w.add_argument("--turns", type=int, default=Workload.turns)
     w.add_argument("--system-words", type=int, default=Workload.system_words)
@@ -105,6 +109,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for c in args.contenders:
         if c not in CONTENDERS:
             p.error(f"unknown contender {c!r}")
+    args.contenders += [f"duplex@{rev}" for rev in args.duplex_at]
     for m in args.modes:
         if m not in ("non-stream", "stream"):
             p.error(f"unknown mode {m!r}")
@@ -240,7 +245,7 @@ def _row(name: str, stream: bool, clients: int, runs: list[dict[str, Any]],
     def deltas(key: str) -> list[float]:
         out = []
         for r in runs:
-            floor = floors.get((BASELINE.get(name, ""), r["round"], stream, clients))
+            floor = floors.get((_baseline(name) or "", r["round"], stream, clients))
             if floor is not None and r[key] is not None and floor[key] is not None:
                 out.append(r[key] - floor[key])
         return out
@@ -251,7 +256,7 @@ def _row(name: str, stream: bool, clients: int, runs: list[dict[str, Any]],
 
     split = [r["router_user_sys_per_1k_s"] for r in runs if r.get("router_user_sys_per_1k_s")]
     return {
-        "stream": stream, "clients": clients, "contender": name, "rounds": len(runs), "baseline": BASELINE.get(name),
+        "stream": stream, "clients": clients, "contender": name, "rounds": len(runs), "baseline": _baseline(name),
         "req_s": med("req_s"), "p50_ms": med("p50_ms"), "p99_ms": med("p99_ms"),
         "ttfb_p50_ms": med("ttfb_p50_ms"), "ttfb_p99_ms": med("ttfb_p99_ms"),
         "added_p50_ms": added("p50_ms"), "added_ttfb_p50_ms": added("ttfb_p50_ms"),
@@ -277,8 +282,26 @@ def summarize(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         groups.setdefault((c["stream"], c["clients"], c["contender"]), []).append(c)
     rows = [_row(name, stream, clients, runs, floors) for (stream, clients, name), runs in groups.items()]
     order = {n: i for i, n in enumerate(CONTENDERS)}
-    rows.sort(key=lambda r: (r["stream"], r["clients"], order[r["contender"]]))
+    rows.sort(key=lambda r: (r["stream"], r["clients"], order.get(r["contender"].split("@")[0], len(order)),
+                             r["contender"]))
     return rows
+
+
+def _baseline(name: str) -> str | None:
+    return BASELINE.get(name.split("@")[0])
+
+
+def export_revision(rev: str, into: str) -> str:
+    """The operator and sidecars packages as of git revision `rev`, exported under `into`; returns a PYTHONPATH
+    that makes `python -m duplex.cli` run them."""
+    tree = os.path.join(into, f"duplex-{rev}")
+    os.makedirs(tree)
+    archive = subprocess.run(["git", "-C", ROOT, "archive", rev, "operator", "sidecars"], capture_output=True,
+                             check=False)
+    if archive.returncode != 0:
+        raise SystemExit(f"--duplex-at {rev}: git archive failed: {archive.stderr.decode(errors='replace')}")
+    subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
+    return os.pathsep.join([os.path.join(tree, "sidecars"), os.path.join(tree, "operator")])
 
 
 # ---- store --------------------------------------------------------------------------------------------------------
@@ -398,6 +421,17 @@ def main(argv: list[str] | None = None) -> int:
             if "duplex" in args.contenders:
                 contenders["duplex"] = DuplexRouter(prefill.url, decode.url, args.conversation_ttl,
                                                     args.engine_blocks_ttl)
+            if args.duplex_at:
+                trees = stack.enter_context(tempfile.TemporaryDirectory(prefix="duplex-bench-"))
+                load["settings"]["duplex_at"] = {}
+                for rev in args.duplex_at:
+                    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", rev], capture_output=True,
+                                            text=True, check=False).stdout.strip() or rev
+                    say(f"exporting duplex's router at {rev} ({commit}) ...")
+                    contenders[f"duplex@{rev}"] = DuplexRouter(
+                        prefill.url, decode.url, args.conversation_ttl, args.engine_blocks_ttl,
+                        name=f"duplex@{rev}", pythonpath=export_revision(rev, trees))
+                    load["settings"]["duplex_at"][rev] = commit
             if "vllm-router" in args.contenders:
                 contenders["vllm-router"] = VllmRouter(prefill.url, decode.url, args.vllm_router_arg)
                 load["settings"]["vllm_router_command"] = shlex.join(contenders["vllm-router"].command())
