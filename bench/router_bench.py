@@ -182,7 +182,7 @@ async def _cell(contender: Any, session: aiohttp.ClientSession, workload: Worklo
         "prefill_tokens": prefill_delta,
         "recompute_skips": {k: v for k, v in skips.items() if v},
     }
-    if contender.name == "duplex":
+    if contender.name.split("@")[0] == "duplex":  # duplex and duplex@REV
         hits = metric_sum(after[1], "duplex_router_kv_reuse_hits_total") - \
             metric_sum(before[1], "duplex_router_kv_reuse_hits_total")
         misses: dict[str, float] = {}
