@@ -64,6 +64,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--clients", default="1,16,64", help="concurrent clients per cell, comma-separated")
     p.add_argument("--modes", default="non-stream,stream", help="non-stream and/or stream")
     p.add_argument("--contenders", default=",".join(CONTENDERS), help="subset of " + ",".join(CONTENDERS))
+    p.add_argument("--latency-rounds", type=int,
+                   help="short 1-client cells per contender and mode for the added-latency measurement, contenders "
+                        "interleaved (default 24; quick 4; 0 skips it)")
+    p.add_argument("--latency-window", type=float, default=0.6, help="measurement window of each of those, seconds")
     p.add_argument("--duplex-at", action="append", default=[], metavar="REV",
                    help="also run duplex's router as of git revision REV (contender duplex@REV, against the same "
                         "floor as duplex), for a before/after in one run; repeatable")
@@ -97,6 +101,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", help="results path without extension (default bench/results/router-<date>[-quick])")
     args = p.parse_args(argv)
     args.rounds = args.rounds or (1 if args.quick else 3)
+    if args.latency_rounds is None:
+        args.latency_rounds = 4 if args.quick else 24
     args.duration = args.duration or (1.5 if args.quick else 3.5)
     args.warmup = args.warmup if args.warmup is not None else (0.3 if args.quick else 1.0)
     args.store_sizes = [int(x) for x in (args.store_sizes or ("1000,10000" if args.quick else
@@ -233,7 +239,57 @@ async def run_load(args: argparse.Namespace, contenders: dict[str, Any], prefill
                                is not None else "")
                             + f"reuse {cell['reuse']['hit_ratio']:.0%}  errors {cell['errors']}")
                         await asyncio.sleep(0.2)
-    return cells
+        latency = await _latency_phase(args, contenders, session, workload)
+    return cells, latency
+
+
+async def _latency_phase(args: argparse.Namespace, contenders: dict[str, Any], session: aiohttp.ClientSession,
+                         workload: Workload) -> list[dict[str, Any]]:
+    """Added latency at 1 client, measured finely interleaved: many short cells, contenders in rotating order, so
+    that the machine's drift (which moves a 1-client p50 by milliseconds within minutes) hits every contender alike.
+    No CPU accounting or metrics scraping here: only client-side latency."""
+    out: list[dict[str, Any]] = []
+    names = args.contenders
+    for rnd in range(args.latency_rounds):
+        order = names[rnd % len(names):] + names[:rnd % len(names)]
+        for mode in args.modes:
+            for name in order:
+                run = await run_cell(contenders[name], session, workload, 1, mode == "stream", 0.2,
+                                     args.latency_window)
+                lat = [x.latency for x in run.samples]
+                ttfb = [x.ttfb for x in run.samples]
+                out.append({"round": rnd + 1, "stream": mode == "stream", "contender": name,
+                            "requests": len(lat), "errors": run.errors,
+                            "p50_ms": _pct(lat, 50), "ttfb_p50_ms": _pct(ttfb, 50)})
+        if (rnd + 1) % 4 == 0 or rnd + 1 == args.latency_rounds:
+            say(f"latency: {rnd + 1}/{args.latency_rounds} interleaved 1-client rounds")
+    return out
+
+
+def summarize_latency(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (mode, contender): the median and quartiles over rounds of (contender p50 - its floor's p50, same
+    round)."""
+    floors = {(c["contender"], c["round"], c["stream"]): c for c in cells if c["contender"].startswith("floor")}
+    rows = []
+    for stream in sorted({c["stream"] for c in cells}):
+        for name in dict.fromkeys(c["contender"] for c in cells):
+            if name.startswith("floor"):
+                continue
+            deltas, ttfb = [], []
+            runs = [c for c in cells if c["contender"] == name and c["stream"] == stream]
+            for c in runs:
+                f = floors.get((_baseline(name) or "", c["round"], stream))
+                if f and c["p50_ms"] is not None and f["p50_ms"] is not None:
+                    deltas.append(c["p50_ms"] - f["p50_ms"])
+                    ttfb.append(c["ttfb_p50_ms"] - f["ttfb_p50_ms"])
+            if not deltas:
+                continue
+            q = np.percentile(deltas, [25, 50, 75])
+            rows.append({"stream": stream, "contender": name, "baseline": _baseline(name), "rounds": len(deltas),
+                         "added_p50_ms": float(q[1]), "added_p50_ms_q1": float(q[0]), "added_p50_ms_q3": float(q[2]),
+                         "added_ttfb_p50_ms": float(np.median(ttfb)),
+                         "requests": sum(c["requests"] for c in runs), "errors": sum(c["errors"] for c in runs)})
+    return rows
 
 
 def _row(name: str, stream: bool, clients: int, runs: list[dict[str, Any]],
@@ -444,9 +500,11 @@ def main(argv: list[str] | None = None) -> int:
                     c.wait_ready()
             say(f"engines {prefill.url} {decode.url}; routers " + ", ".join(
                 f"{n} {c.url} (pid {c.pid})" for n, c in contenders.items() if c.pid))
-            cells = asyncio.run(run_load(args, contenders, prefill, decode))
+            cells, latency = asyncio.run(run_load(args, contenders, prefill, decode))
             load["cells"] = cells
             load["summary"] = summarize(cells)
+            load["latency"] = {"rounds": args.latency_rounds, "window_s": args.latency_window, "warmup_s": 0.2,
+                               "cells": latency, "summary": summarize_latency(latency)}
             load["engine_errors"] = {"prefill_failed_kv_loads": prefill.metric("vllm:nixl_num_failed_transfers_total"),
                                      "decode_failed_kv_loads": decode.metric("vllm:nixl_num_failed_transfers_total"),
                                      "prefill_corrupt_blocks": prefill.metric("sim_corrupt_blocks_total")}
