@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 _HIGH_WATER = 1 << 20  # unread body bytes at which reading from the engine pauses
 _LOW_WATER = 1 << 18
+MAX_HEADER_BYTES = 64 * 1024  # a response head larger than this is not an engine's
 
 Resolver = Callable[[str, int], Awaitable[str]]  # host, port -> the address to connect to
 
@@ -180,6 +181,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._headers: list[tuple[bytes, bytes]] = []
+        self._header_bytes = 0
         self._framed = False  # the response has a length or is chunked (else it ends when the connection does)
         self._head: asyncio.Future[EngineResponse] | None = None
         self._response: EngineResponse | None = None
@@ -227,10 +229,17 @@ class _Connection(asyncio.Protocol):
     # ---- httptools callbacks -------------------------------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value) + 4
+        if self._header_bytes > MAX_HEADER_BYTES:
+            if not self.closed:
+                self._fail(EngineDisconnected(f"response headers exceed {MAX_HEADER_BYTES} bytes"))
+                self.abort()
+            return
         self._headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
+        self._header_bytes = 0
         if 100 <= status < 200:  # an interim answer: the real one follows
             self._headers = []
             return

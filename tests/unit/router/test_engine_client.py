@@ -928,3 +928,20 @@ async def test_client_close_aborts_idle_and_busy_connections(serve, client):
     with pytest.raises(EngineConnectError):
         await post(client, server)
     assert server.accepted == 2
+
+
+async def test_an_endless_response_head_is_cut_off(serve, client):
+    from duplex_sidecars.router.engine_client import MAX_HEADER_BYTES
+
+    async def handler(peer: Peer) -> None:
+        await peer.request()
+        head = b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"v" * 1000) for i in range(100))
+        await peer.send(head)  # > MAX_HEADER_BYTES and never finished
+        await peer.wait_gone()
+
+    assert 100 * 1000 > MAX_HEADER_BYTES
+    server = await serve(handler)
+    with pytest.raises(EngineDisconnected, match="headers exceed"):
+        await post(client, server)
+    assert client.connections() == (0, 0)
+    await until(server.peers[0].gone.is_set)
