@@ -251,7 +251,9 @@ class Forwarder:
         try:
             # Whatever arrived since the last read goes out in one write.
             while chunk := await reader.read():
-                batch = relay.take(parser.feed(chunk))
+                batch = relay.take_plain(parser, chunk)
+                if batch is None:
+                    batch = relay.take(parser.feed(chunk))
                 if batch:
                     out = await self._write(request, turn, out, batch)
                 if relay.finished:
@@ -341,6 +343,31 @@ class _StreamRelay:
             if raw is not None:
                 (self.held if self.kv_params is not None else batch).extend(raw)
         return batch
+
+    def take_plain(self, parser: SSEParser, chunk: bytes) -> bytes | None:
+        """`take` for the common chunk in one step: plain token events that cannot carry the params go out as the
+        chunk's own bytes, with no event objects; a final [DONE] ends the stream. None when the chunk needs the
+        event-by-event path (nothing consumed then)."""
+        if self.finished or self.kv_params is not None or _KV_MARKER in chunk or _ESCAPE in chunk:
+            return None
+        split = parser.split_plain(chunk)
+        if split is None:
+            return None
+        region, datas, rest = split
+        done = datas[-1] == DONE
+        if done:
+            datas.pop()
+            region = region[:-len(_DONE_EVENT)]
+        if DONE in datas:  # [DONE] before the last event: the event-by-event path stops at it
+            return None
+        if self.collector is not None:
+            for data in datas:
+                self._collect(data)
+        if done:
+            self.finished = True  # what follows [DONE] is ignored, as `take` does
+        else:
+            parser.take_rest(rest)
+        return region
 
     def _filter(self, event: SSEEvent) -> bytes | None:
         data = event.data

@@ -30,6 +30,29 @@ class SSEParser:
             return self._split_lf()
         return self._split_general(final=False)
 
+    def split_plain(self, chunk: bytes) -> tuple[bytes, list[bytes], bytes] | None:
+        """The common case in one step: with nothing pending, a chunk whose complete events are all a single
+        `data: ` line with LF endings. Returns (the complete events' bytes, their data, the rest) without consuming
+        anything; None when the chunk needs `feed` (CR, comments, several data lines, no complete event, ...).
+        `take_rest` then keeps the rest."""
+        if self._buf or b"\r" in chunk:
+            return None
+        end = chunk.rfind(b"\n\n")
+        if end < 0:
+            return None
+        parts = chunk[:end].split(b"\n\n")
+        datas = []
+        for part in parts:
+            if not part.startswith(b"data: ") or b"\n" in part:
+                return None
+            datas.append(part[6:])
+        return chunk[:end + 2], datas, chunk[end + 2:]
+
+    def take_rest(self, rest: bytes) -> None:
+        """After `split_plain`: the incomplete tail becomes the pending buffer."""
+        self._buf += rest
+        self._check_size()
+
     def close(self) -> list[SSEEvent]:
         """Events left at the end of the stream; an unterminated last event counts if it has data."""
         events = self._split_general(final=True)

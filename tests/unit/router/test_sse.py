@@ -210,3 +210,64 @@ def test_events_that_are_not_utf8_are_read_as_replacement_characters():
     event = b'data: {"choices":[{"index":0,"delta":{"content":"a\xffb"},"finish_reason":"stop"}]}\n\n'
     assert relay.take(SSEParser().feed(event + b"data: [DONE]\n\n")) == event
     assert relay.collector.reply().content == "a\ufffdb"
+
+
+def _relay_all(chunks: list[bytes], collect: bool, plain: bool):
+    """What the router's stream relay makes of `chunks`: the bytes sent (and held), the reply, the params."""
+    from duplex_sidecars.router.forward import _StreamRelay
+
+    relay, parser, out = _StreamRelay(ReplyCollector("chat") if collect else None), SSEParser(), bytearray()
+    for chunk in chunks:
+        batch = relay.take_plain(parser, chunk) if plain else None
+        if batch is None:
+            batch = relay.take(parser.feed(chunk))
+        out += batch
+        if relay.finished:
+            break
+    else:
+        out += relay.take(parser.close())
+    reply = relay.collector.reply() if collect else None
+    return bytes(out), bytes(relay.held), relay.finished, reply, relay.kv_params
+
+
+token_events = st.lists(st.one_of(
+    st.builds(lambda t, f: {"choices": [{"index": 0, "delta": {"content": t}, "finish_reason": f}]},
+              st.text(max_size=6), st.sampled_from([None, "stop", "length"])),
+    st.builds(lambda kv: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                          "kv_transfer_params": kv}, st.dictionaries(st.sampled_from(["a", "b"]), st.integers())),
+), min_size=1, max_size=8)
+extras = st.sampled_from([b"", b": keep-alive\n\n", b"event: x\ndata: {}\n\n", b"data: [DONE]\n\n", b"data: nan\n\n",
+                          b"data: {\"a\":1}\r\n\r\n", b"\n\n", b"data: a\ndata: b\n\n", b"data: \\u006b\n\n"])
+
+
+@given(token_events, st.lists(st.tuples(st.integers(0, 8), extras), max_size=3),
+       st.lists(st.integers(0, 10_000), max_size=10), st.booleans(), st.booleans())
+def test_the_plain_fast_path_relays_exactly_what_the_event_path_does(objs, inserts, cuts, done, collect):
+    events = [b"data: " + json.dumps(o).encode() + b"\n\n" for o in objs]
+    for at, extra in inserts:
+        events.insert(at % (len(events) + 1), extra)
+    stream = b"".join(events) + (b"data: [DONE]\n\n" if done else b"") + b"data: {\"after\": 1}\n\n"
+    chunks = split_at(stream, cuts)
+    assert _relay_all(chunks, collect, plain=True) == _relay_all(chunks, collect, plain=False)
+
+
+def test_the_plain_fast_path_takes_whole_token_chunks_and_leaves_the_rest_pending():
+    parser = SSEParser()
+    chunk = b'data: {"x":1}\n\ndata: {"x":2}\n\ndata: {"x"'
+    region, datas, rest = parser.split_plain(chunk)
+    assert region == b'data: {"x":1}\n\ndata: {"x":2}\n\n' and datas == [b'{"x":1}', b'{"x":2}'] and rest == b'data: {"x"'
+    parser.take_rest(rest)
+    assert parser.split_plain(b":3}\n\n") is None  # something is pending: the event path finishes it
+    assert [e.data for e in parser.feed(b":3}\n\n")] == [b'{"x":3}']
+    assert SSEParser().split_plain(b": comment\n\ndata: {}\n\n") is None
+
+
+@pytest.mark.parametrize("collect", [False, True])
+def test_the_plain_fast_path_ends_the_stream_at_done(collect):
+    tokens = b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\n\n'
+    chunks = [tokens, tokens + b"data: [DONE]\n\n", b'data: {"after": 1}\n\n']
+    out, held, finished, reply, _ = _relay_all(chunks, collect, plain=True)
+    assert (out, held, finished) == (tokens * 2, b"", True)
+    assert _relay_all(chunks, collect, plain=False) == (out, held, finished, reply, None)
+    if collect:
+        assert reply.content == "aa"
