@@ -23,7 +23,6 @@ import httptools
 log = logging.getLogger(__name__)
 
 _HIGH_WATER = 1 << 20  # unread body bytes at which reading from the engine pauses
-_LOW_WATER = 1 << 18
 MAX_HEADER_BYTES = 64 * 1024  # a response head larger than this is not an engine's
 
 Resolver = Callable[[str, int], Awaitable[str]]  # host, port -> the address to connect to
@@ -187,7 +186,6 @@ class _Connection(asyncio.Protocol):
         self._response: EngineResponse | None = None
         self._fed: EngineResponse | None = None  # got body bytes during the current read
         self.received = False  # any byte of the current exchange
-        self.reused = False
         self.idle_since = 0.0
         self.closed = False
 
@@ -363,7 +361,6 @@ class EngineClient:
             if now - conn.idle_since > self._idle_seconds:
                 conn.abort()
                 continue
-            conn.reused = True
             return conn
         return None
 

@@ -114,7 +114,7 @@ async def prefill(client: EngineClient, base: str, path: str, body: bytes, heade
             raw = await resp.read()
     except LegFailure:
         raise
-    except (ConnectionError, asyncio.TimeoutError, OSError) as exc:
+    except (OSError, asyncio.TimeoutError) as exc:  # EngineConnectError and EngineDisconnected too
         if resp is not None:
             resp.close()
         raise _classify(exc) from exc
@@ -134,7 +134,7 @@ async def open_decode(client: EngineClient, base: str, path: str, body: bytes, h
     try:
         async with asyncio.timeout(timeouts.decode_first_byte_seconds):
             resp = await client.post(base, path, body, headers, timeouts.connect_seconds)
-    except (ConnectionError, asyncio.TimeoutError, OSError) as exc:
+    except (OSError, asyncio.TimeoutError) as exc:  # EngineConnectError and EngineDisconnected too
         raise _classify(exc) from exc
     if resp.status != 200:
         raise await _status_failure(resp)
@@ -178,7 +178,7 @@ class ChunkReader:
             return await self._resp.read_any()
         except _Idle as exc:
             raise LegFailure(TIMEOUT, f"no data for {self._idle:g}s") from exc
-        except (ConnectionError, OSError) as exc:
+        except OSError as exc:
             raise LegFailure(BROKEN, f"{type(exc).__name__}: {exc}") from exc
         finally:
             self._waiting = False
