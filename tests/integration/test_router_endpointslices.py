@@ -14,9 +14,8 @@ from typing import Any
 
 import aiohttp.abc
 import pytest
-from aiohttp.test_utils import TestServer
 
-from duplex_sidecars.router.app import Router, build_app
+from duplex_sidecars.router.app import Router, RouterServer
 from duplex_sidecars.router.client import ChatClient, Conversation
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.sim.launcher import SimProcess
@@ -86,14 +85,14 @@ async def test_router_follows_endpointslices(cluster, kubectl, namespace):
             health_check={"interval_seconds": 0.5, "timeout_seconds": 1},
         )
         router = Router(config, resolver=LoopbackResolver())
-        server = TestServer(build_app(router))
-        await server.start_server()
+        server = RouterServer(router)
+        await server.start()
         decode = router.engines.decode
         await eventually(lambda: router.engines.ready(), what="router ready")
         d1_url, d2_url = url(d1), url(d2)
         assert list(decode.engines) == [d1_url]  # the not-ready endpoint is not used
 
-        async with ChatClient(str(server.make_url(""))) as client:
+        async with ChatClient(server.url) as client:
             convs = [Conversation(f"k8s-{i}-{uuid.uuid4().hex[:6]}") for i in range(3)]
             for conv in convs:
                 await client.turn(conv, LONG + conv.conversation_id)

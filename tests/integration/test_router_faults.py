@@ -12,9 +12,8 @@ from typing import Any, AsyncIterator
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
 
-from duplex_sidecars.router.app import Router, build_app
+from duplex_sidecars.router.app import Router, RouterServer
 from duplex_sidecars.router.client import ChatClient, Conversation, sse_events
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.config_file import deep_merge
@@ -33,7 +32,7 @@ def expected_reply(messages: list[dict[str, Any]], max_tokens: int | None = None
 class Running:
     def __init__(self) -> None:
         self.sims: list[SimProcess] = []
-        self.servers: list[TestServer] = []
+        self.servers: list[RouterServer] = []
         self.clients: list[ChatClient] = []
 
     async def sims_up(self, *sims: SimProcess) -> list[SimProcess]:
@@ -46,10 +45,10 @@ class Running:
     async def router(self, prefill: list[SimProcess], decode: list[SimProcess], **config: Any):
         base = {"prefill": [p.url for p in prefill], "decode": [d.url for d in decode]}
         router = Router(RouterConfig.model_validate(deep_merge(deep_merge(base, QUIET_PROBES), config)))
-        server = TestServer(build_app(router))
-        await server.start_server()
+        server = RouterServer(router)
+        await server.start()
         self.servers.append(server)
-        client = await ChatClient(str(server.make_url("")), model="sim").__aenter__()
+        client = await ChatClient(server.url, model="sim").__aenter__()
         self.clients.append(client)
         return router, client
 

@@ -14,9 +14,8 @@ import uuid
 from typing import Any, AsyncIterator, Iterator
 
 import pytest
-from aiohttp.test_utils import TestServer
 
-from duplex_sidecars.router.app import Router, build_app
+from duplex_sidecars.router.app import Router, RouterServer
 from duplex_sidecars.router.client import ChatClient, Conversation, TurnFailed
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.config_file import deep_merge
@@ -58,7 +57,7 @@ def engines() -> Iterator[Engines]:
 
 
 class Rig:
-    def __init__(self, router: Router, server: TestServer, client: ChatClient, engines: Engines):
+    def __init__(self, router: Router, server: RouterServer, client: ChatClient, engines: Engines):
         self.router = router
         self.server = server
         self.client = client
@@ -86,9 +85,9 @@ async def make_rig(engines: Engines) -> AsyncIterator[Any]:
     async def factory(decodes: list[SimProcess] | None = None, **config: Any) -> Rig:
         base = {"prefill": [engines.prefill.url], "decode": [d.url for d in (decodes or engines.decodes)]}
         router = Router(RouterConfig.model_validate(deep_merge(base, config)))
-        server = TestServer(build_app(router))
-        await server.start_server()
-        client = await ChatClient(str(server.make_url("")), model="sim").__aenter__()
+        server = RouterServer(router)
+        await server.start()
+        client = await ChatClient(server.url, model="sim").__aenter__()
         rig = Rig(router, server, client, engines)
         made.append(rig)
         return rig

@@ -1,5 +1,5 @@
-"""The router process: its long-lived parts (config, engines, store, HTTP client, metrics) and the aiohttp app with
-the OpenAI-compatible routes, health, readiness and metrics."""
+"""The router process: its long-lived parts (config, engines, store, HTTP clients, metrics) and the HTTP routes
+(OpenAI-compatible completions, models, health, readiness, metrics) served by `front`."""
 
 from __future__ import annotations
 
@@ -8,24 +8,35 @@ import json
 import logging
 import os
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import aiohttp.abc
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.config_file import ConfigError, ConfigSource
 from duplex_sidecars.router.endpoints import DECODE, PREFILL, Engines, HealthProber
 from duplex_sidecars.router.endpointslices import EndpointSliceWatcher
-from duplex_sidecars.router.errors import RouterError, error_response, from_router_error
-from duplex_sidecars.router.forward import ClientGone, Forwarder
 from duplex_sidecars.router.engine_client import EngineClient
+from duplex_sidecars.router.errors import (
+    RouterError,
+    error_json,
+    send_error,
+    send_router_error,
+)
+from duplex_sidecars.router.forward import Forwarder
+from duplex_sidecars.router.front import ClientGone, FrontServer, Limits, Request
 from duplex_sidecars.router.legs import make_engine_client, make_session
 from duplex_sidecars.router.metrics import RouterMetrics
-from duplex_sidecars.router.store import MemoryStore, RedisStore, Store, StoreError, make_store
-from duplex_sidecars.router.turn import ROUTES, parse_turn, read_body
+from duplex_sidecars.router.store import (
+    MemoryStore,
+    RedisStore,
+    Store,
+    StoreError,
+    make_store,
+)
+from duplex_sidecars.router.turn import ROUTES, body_of, parse_turn
 from duplex_sidecars.tasks import cancel_all
 
 log = logging.getLogger(__name__)
@@ -189,71 +200,41 @@ class Router:
 
 # ---- HTTP -----------------------------------------------------------------------------------------------------------
 
-ROUTER_KEY = web.AppKey("router", Router)
+Route = Callable[[Router, Request], Awaitable[None]]
 
 
-@web.middleware
-async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except RouterError as exc:
-        return from_router_error(exc)
-    except web.HTTPException as exc:
-        if exc.status == 404:
-            return error_response(404, f"No route {request.method} {request.path}.", code="not_found")
-        if exc.status == 405:
-            return error_response(405, f"Method {request.method} is not allowed on {request.path}.",
-                                  code="method_not_allowed")
-        if exc.status < 400:
-            raise
-        return error_response(exc.status, exc.reason or "error", code=exc.status)
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(500, "Internal router error.", "server_error", 500)
-
-
-async def _completions(request: web.Request) -> web.StreamResponse:
-    router = request.app[ROUTER_KEY]
+async def _completions(router: Router, request: Request) -> None:
     route = ROUTES[request.path]
     status = 500
-    stream = False
-    started = time.perf_counter()
     try:
-        raw = await read_body(request, router.config.max_body_bytes)
+        raw = body_of(request, router.config.max_body_bytes)
         turn = parse_turn(request, raw, router.config.conversation, router.config.served_model_names)
-        stream = turn.stream
-        started = turn.started
-        resp = await router.forwarder.handle(request, turn)
-        status = resp.status
-        if not stream:
-            elapsed = time.perf_counter() - started
+        status = await router.forwarder.handle(request, turn)
+        if not turn.stream:
+            elapsed = time.perf_counter() - turn.started
             router.metrics.ttft.labels(route, "false").observe(elapsed)
             router.metrics.e2e.labels(route, "false").observe(elapsed)
-        return resp
     except RouterError as exc:
         status = exc.status
-        return from_router_error(exc)
-    except ClientGone as gone:
+        send_router_error(request, exc)
+    except ClientGone:
         status = 499
         log.info("client went away during %s", request.path)
-        if gone.response is not None:
-            return gone.response
-        return web.Response(status=499)
+        raise
     finally:
         router.metrics.requests.labels(route, str(status)).inc()
 
 
-async def _models(request: web.Request) -> web.StreamResponse:
-    router = request.app[ROUTER_KEY]
+async def _models(router: Router, request: Request) -> None:
     names = router.config.served_model_names
     if names:
         data = [{"id": n, "object": "model", "created": 0, "owned_by": "duplex"} for n in names]
-        return web.json_response({"object": "list", "data": data})
+        request.respond(200, json.dumps({"object": "list", "data": data}).encode())
+        return
     engine = router.engines.decode.pick() or router.engines.prefill.pick()
     if engine is None or router.session is None:
-        return error_response(503, "No engines are available to list models.", "service_unavailable", 503)
+        send_error(request, 503, "No engines are available to list models.", "service_unavailable", 503)
+        return
     try:
         async with router.session.get(
             engine.url + "/v1/models",
@@ -262,18 +243,19 @@ async def _models(request: web.Request) -> web.StreamResponse:
         ) as resp:
             body = await resp.read()
             if resp.status != 200:
-                return error_response(502, f"Engine answered /v1/models with HTTP {resp.status}.", "bad_gateway", 502)
-            return web.Response(body=body, content_type="application/json")
+                send_error(request, 502, f"Engine answered /v1/models with HTTP {resp.status}.", "bad_gateway", 502)
+                return
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-        return error_response(503, "No engine answered /v1/models.", "service_unavailable", 503)
+        send_error(request, 503, "No engine answered /v1/models.", "service_unavailable", 503)
+        return
+    request.respond(200, body)
 
 
-async def _health(request: web.Request) -> web.StreamResponse:
-    return web.json_response({"status": "ok"})
+async def _health(router: Router, request: Request) -> None:
+    request.respond(200, b'{"status": "ok"}')
 
 
-async def _ready(request: web.Request) -> web.StreamResponse:
-    router = request.app[ROUTER_KEY]
+async def _ready(router: Router, request: Request) -> None:
     ready = router.engines.ready()
     body = {
         "ready": ready,
@@ -283,32 +265,87 @@ async def _ready(request: web.Request) -> web.StreamResponse:
     }
     if router.watcher is not None:
         body["discovery"] = {"synced": dict(router.watcher.synced)}
-    return web.Response(status=200 if ready else 503, text=json.dumps(body), content_type="application/json")
+    request.respond(200 if ready else 503, json.dumps(body).encode())
 
 
-async def _metrics(request: web.Request) -> web.StreamResponse:
-    router = request.app[ROUTER_KEY]
+async def _metrics(router: Router, request: Request) -> None:
     router.engines.update_gauges()
-    return web.Response(body=router.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    request.respond(200, router.metrics.render(), CONTENT_TYPE_LATEST)
 
 
-def build_app(router: Router) -> web.Application:
-    # Bodies are read by the handlers themselves against the configured limit (so it can change on reload).
-    app = web.Application(middlewares=[_json_errors], client_max_size=1 << 62)
-    app[ROUTER_KEY] = router
-    app.router.add_post("/v1/chat/completions", _completions)
-    app.router.add_post("/v1/completions", _completions)
-    app.router.add_get("/v1/models", _models)
-    app.router.add_get("/health", _health)
-    app.router.add_get("/ready", _ready)
-    app.router.add_get("/metrics", _metrics)
+ROUTE_TABLE: dict[str, dict[str, Route]] = {
+    "/v1/chat/completions": {"POST": _completions},
+    "/v1/completions": {"POST": _completions},
+    "/v1/models": {"GET": _models},
+    "/health": {"GET": _health},
+    "/ready": {"GET": _ready},
+    "/metrics": {"GET": _metrics},
+}
 
-    async def on_startup(app: web.Application) -> None:
-        await router.start()
 
-    async def on_cleanup(app: web.Application) -> None:
+class Dispatch:
+    """Requests to routes; unknown paths are 404 and other methods 405, as OpenAI-style errors."""
+
+    def __init__(self, router: Router):
+        self.router = router
+
+    async def __call__(self, request: Request) -> None:
+        methods = ROUTE_TABLE.get(request.path)
+        if methods is None:
+            send_error(request, 404, f"No route {request.method} {request.path}.", code="not_found")
+            return
+        route = methods.get("GET" if request.method == "HEAD" else request.method)
+        if route is None:
+            send_error(request, 405, f"Method {request.method} is not allowed on {request.path}.",
+                       code="method_not_allowed", headers={"Allow": ", ".join(methods)})
+            return
+        try:
+            await route(self.router, request)
+        except RouterError as exc:
+            send_router_error(request, exc)
+
+
+def _front_error(status: int, message: str) -> bytes:
+    """The body of an error the HTTP layer answers itself (unparseable request, head or body too large, ...)."""
+    return error_json(status, message, "invalid_request_error" if status < 500 else "server_error", status)
+
+
+async def serve(router: Router, host: str, port: int) -> FrontServer:
+    """Start the router's background work, then listen; `shutdown` undoes both."""
+    await router.start()
+    server = FrontServer(Dispatch(router), Limits(lambda: router.config.max_body_bytes), _front_error)
+    try:
+        await server.start(host, port)
+    except BaseException:
         await router.stop()
+        raise
+    return server
 
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
-    return app
+
+async def shutdown(server: FrontServer, router: Router, grace: float = 10.0) -> None:
+    await server.stop(grace)
+    await router.stop()
+
+
+class RouterServer:
+    """A router serving on an address (a free loopback port by default), for tests and embedding."""
+
+    def __init__(self, router: Router, host: str = "127.0.0.1", port: int = 0):
+        self.router = router
+        self.host = host
+        self.port = port
+        self.server: FrontServer | None = None
+
+    async def start(self) -> RouterServer:
+        self.server = await serve(self.router, self.host, self.port)
+        self.port = self.server.port
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def close(self) -> None:
+        if self.server is not None:
+            server, self.server = self.server, None
+            await shutdown(server, self.router)

@@ -17,9 +17,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
-from aiohttp import web
-
-from duplex_sidecars.router.app import Router, build_app
+from duplex_sidecars.router.app import Router, serve, shutdown
 from duplex_sidecars.router.config_file import ConfigError, ConfigSource, flag_overrides
 
 log = logging.getLogger("duplex.router")
@@ -44,12 +42,8 @@ def source_from_args(args: argparse.Namespace) -> ConfigSource:
 
 
 async def _serve(router: Router) -> None:
-    app = build_app(router)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
     cfg = router.config
-    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024, reuse_address=True)
-    await site.start()
+    server = await serve(router, cfg.host, cfg.port)
     log.info("router listening on %s:%d (prefill %d, decode %d engines, store %s, event loop %s)", cfg.host, cfg.port,
              len(router.engines.prefill), len(router.engines.decode), router.store.kind,
              type(asyncio.get_running_loop()).__module__.split(".")[0])
@@ -65,7 +59,7 @@ async def _serve(router: Router) -> None:
         await stop.wait()
     finally:
         log.info("router shutting down")
-        await runner.cleanup()
+        await shutdown(server, router)
 
 
 def run_loop(main: Coroutine[Any, Any, None]) -> None:

@@ -6,9 +6,10 @@ Every error a client sees has the shape `{"error": {"message", "type", "code"}}`
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
+if TYPE_CHECKING:
+    from duplex_sidecars.router.front import Request
 
 
 class RouterError(Exception):
@@ -63,13 +64,21 @@ def error_body(message: str, type: str, code: Any) -> dict[str, Any]:
     return {"error": {"message": message, "type": type, "code": code}}
 
 
-def error_response(status: int, message: str, type: str = "invalid_request_error", code: Any = None) -> web.Response:
-    body = error_body(message, type, status if code is None else code)
-    return web.Response(status=status, text=json.dumps(body), content_type="application/json")
+def error_json(status: int, message: str, type: str = "invalid_request_error", code: Any = None) -> bytes:
+    return json.dumps(error_body(message, type, status if code is None else code)).encode()
 
 
-def from_router_error(err: RouterError) -> web.Response:
-    return error_response(err.status, err.message, err.type, err.code)
+def send_error(request: Request, status: int, message: str, type: str = "invalid_request_error", code: Any = None,
+               headers: dict[str, str] | None = None) -> None:
+    """Answer with an error, unless the response has started (then the connection's end is the only signal left)."""
+    if request.started:
+        request.keep_alive = False
+        return
+    request.respond(status, error_json(status, message, type, code), headers=headers)
+
+
+def send_router_error(request: Request, err: RouterError) -> None:
+    send_error(request, err.status, err.message, err.type, err.code)
 
 
 def sse_error_event(message: str, type: str = "server_error", code: Any = 502) -> bytes:

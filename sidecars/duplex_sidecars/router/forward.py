@@ -5,20 +5,30 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import orjson
-from aiohttp import web
 
 from duplex_sidecars import protocol
 from duplex_sidecars.router import jsonio, legs, reuse
 from duplex_sidecars.router.endpoints import Engine
 from duplex_sidecars.router.engine_client import EngineResponse
-from duplex_sidecars.router.errors import BackendFailed, BackendUnavailable, RouterError, sse_error_event
+from duplex_sidecars.router.errors import (
+    BackendFailed,
+    BackendUnavailable,
+    RouterError,
+    sse_error_event,
+)
+from duplex_sidecars.router.front import Request
 from duplex_sidecars.router.history import Reply
 from duplex_sidecars.router.legs import CONNECT, STATUS_4XX, TIMEOUT, LegFailure
-from duplex_sidecars.router.reply import ReplyCollector, pop_kv_params, reply_of_body, strip_kv_params
+from duplex_sidecars.router.reply import (
+    ReplyCollector,
+    pop_kv_params,
+    reply_of_body,
+    strip_kv_params,
+)
 from duplex_sidecars.router.sse import DONE, SSEEvent, SSEParser, encode_data
 from duplex_sidecars.router.turn import Turn
 
@@ -31,14 +41,6 @@ _KV_MARKER = protocol.KV_PARAMS_FIELD.encode()
 _ESCAPE = b"\\u"  # a JSON \u escape: a key could spell kv_transfer_params without the marker's bytes
 _DONE_EVENT = b"data: [DONE]\n\n"
 _END_OF_BODY_SECONDS = 5.0  # how long a finished decode stream may take to end its body before its connection is closed
-
-
-class ClientGone(Exception):
-    """The client went away while its answer was being written."""
-
-    def __init__(self, response: web.StreamResponse | None = None):
-        super().__init__("client disconnected")
-        self.response = response
 
 
 class EngineError(RouterError):
@@ -134,7 +136,8 @@ class Forwarder:
 
     # ---- the request ---------------------------------------------------------------------------------------------
 
-    async def handle(self, request: web.Request, turn: Turn) -> web.StreamResponse:
+    async def handle(self, request: Request, turn: Turn) -> int:
+        """Answer the request through prefill and decode; returns the HTTP status the client got."""
         cfg = self.r.config
         metrics = self.r.metrics
         decode_pool = self.r.engines.decode
@@ -174,9 +177,9 @@ class Forwarder:
                 # dropping the connection makes the engine abort the request.
                 try:
                     if turn.stream:
-                        result = await self._relay_stream(request, turn, engine, resp)
+                        await self._relay_stream(request, turn, engine, resp)
                     else:
-                        result = await self._relay_body(turn, engine, resp)
+                        await self._relay_body(request, turn, engine, resp)
                 except LegFailure as failure:  # failed before the client saw a byte: worth another try
                     resp.close()
                     failures.append(self._decode_failed(turn, engine, failure))
@@ -186,7 +189,7 @@ class Forwarder:
                 except BaseException:
                     resp.close()
                     raise
-            return result
+            return request.status
         if not failures:
             raise BackendUnavailable("No decode engines are available.")
         raise _leg_error("decode", failures)
@@ -207,9 +210,24 @@ class Forwarder:
             outcome = "not_stored"
         self.r.metrics.captures.labels(outcome).inc()
 
+    async def _answer_and_record(self, turn: Turn, engine: Engine, kv_params: Any, reply: Reply,
+                                 answer: Callable[[], None]) -> None:
+        """Send the client the end of its answer and store what decode retained, so that the client's next turn
+        always finds the entry. A store that never waits takes the entry right after the answer is written: nothing
+        else runs on the event loop in between, and storing is then off the client's critical path. Any other store
+        takes it first."""
+        if turn.key is None or self.r.store.immediate:
+            try:
+                answer()
+            finally:
+                await self._record(turn, engine, kv_params, reply)
+        else:
+            await self._record(turn, engine, kv_params, reply)
+            answer()
+
     # ---- non-streaming -------------------------------------------------------------------------------------------
 
-    async def _relay_body(self, turn: Turn, engine: Engine, resp: EngineResponse) -> web.Response:
+    async def _relay_body(self, request: Request, turn: Turn, engine: Engine, resp: EngineResponse) -> None:
         raw = await legs.read_body(resp, self.r.config.timeouts.decode_idle_seconds)
         resp.release()  # read to its end: the connection goes back to the pool
         try:
@@ -221,33 +239,26 @@ class Forwarder:
         kv_params = pop_kv_params(body)
         # A reply only the lenient parser could read (NaN, ...) is relayed but not compared: a tombstone is stored.
         reply = reply_of_body(turn.route, body) if exact else Reply(choices=0)
-        # Stored before the client hears back, so that its next turn always finds the entry.
-        await self._record(turn, engine, kv_params, reply)
-        return web.Response(
-            body=jsonio.dumps(body, exact),
-            content_type="application/json",
-            headers={"X-Request-Id": turn.request_id},
-        )
+        out = jsonio.dumps(body, exact)
+        await self._answer_and_record(turn, engine, kv_params, reply, lambda: request.respond(
+            200, out, headers={"X-Request-Id": turn.request_id}))
 
     # ---- streaming -----------------------------------------------------------------------------------------------
 
-    async def _relay_stream(self, request: web.Request, turn: Turn, engine: Engine,
-                            resp: EngineResponse) -> web.StreamResponse:
+    async def _relay_stream(self, request: Request, turn: Turn, engine: Engine, resp: EngineResponse) -> None:
         reader = legs.ChunkReader(resp, self.r.config.timeouts.decode_idle_seconds)
         relay = _StreamRelay(ReplyCollector(turn.route) if turn.key else None)
         try:
-            out = await self._relay_events(request, turn, engine, reader, relay)
+            await self._relay_events(request, turn, engine, reader, relay)
         finally:
             reader.close()
         # The end of decode's chunked body usually comes just after [DONE]: the connection then goes back to the pool
         # for the next leg, without holding up this handler (the client has its answer already).
         reader.finish(resp, _END_OF_BODY_SECONDS if relay.finished else 0)
-        return out
 
-    async def _relay_events(self, request: web.Request, turn: Turn, engine: Engine, reader: legs.ChunkReader,
-                            relay: _StreamRelay) -> web.StreamResponse:
+    async def _relay_events(self, request: Request, turn: Turn, engine: Engine, reader: legs.ChunkReader,
+                            relay: _StreamRelay) -> None:
         parser = SSEParser()
-        out: web.StreamResponse | None = None
         try:
             # Whatever arrived since the last read goes out in one write.
             while chunk := await reader.read():
@@ -255,67 +266,54 @@ class Forwarder:
                 if batch is None:
                     batch = relay.take(parser.feed(chunk))
                 if batch:
-                    out = await self._write(request, turn, out, batch)
+                    self._send(request, turn, batch)
+                    await request.drain()
                 if relay.finished:
                     break
             else:
                 batch = relay.take(parser.close())  # an unterminated last event still counts
                 if batch:
-                    out = await self._write(request, turn, out, batch)
+                    self._send(request, turn, batch)
         except LegFailure as failure:
-            if out is None:
+            if not request.started:
                 raise
             self._decode_failed(turn, engine, failure)
-            return await self._end_stream_with_error(turn, out, "The decode engine's stream broke off.")
+            return self._end_stream_with_error(turn, request, "The decode engine's stream broke off.")
         except ValueError as exc:  # an event beyond the parser's size limit
-            if out is None:
+            if not request.started:
                 raise LegFailure(legs.BROKEN, str(exc)) from exc
             self._decode_failed(turn, engine, LegFailure(legs.BROKEN, str(exc)))
-            return await self._end_stream_with_error(turn, out, "The decode engine's stream was malformed.")
+            return self._end_stream_with_error(turn, request, "The decode engine's stream was malformed.")
         if not relay.finished:
-            if out is None:
+            if not request.started:
                 raise LegFailure(legs.BROKEN, "decode stream ended without data")
             self._decode_failed(turn, engine, LegFailure(legs.BROKEN, "decode stream ended without [DONE]"))
-            return await self._end_stream_with_error(turn, out, "The decode engine's stream ended unexpectedly.")
-        if relay.collector is not None:
-            await self._record(turn, engine, relay.kv_params, relay.collector.reply())
+            return self._end_stream_with_error(turn, request, "The decode engine's stream ended unexpectedly.")
         relay.held += _DONE_EVENT
-        out = await self._write(request, turn, out, relay.held, last=True)
+        if relay.collector is not None:
+            await self._answer_and_record(turn, engine, relay.kv_params, relay.collector.reply(),
+                                          lambda: self._send(request, turn, relay.held, last=True))
+        else:
+            self._send(request, turn, relay.held, last=True)
         self.r.metrics.e2e.labels(turn.route, "true").observe(time.perf_counter() - turn.started)
-        return out
 
-    async def _write(self, request: web.Request, turn: Turn, out: web.StreamResponse | None,
-                     data: bytes | bytearray, last: bool = False) -> web.StreamResponse:
-        """Send data to the client, starting the response first; `last` ends it in the same write."""
-        try:
-            if out is None:
-                out = web.StreamResponse(
-                    status=200,
-                    headers={
-                        "Content-Type": "text/event-stream",
-                        "Cache-Control": "no-cache",
-                        "X-Request-Id": turn.request_id,
-                    },
-                )
-                out.enable_chunked_encoding()
-                await out.prepare(request)  # headers go out with the first chunk, in one write
-                self.r.metrics.ttft.labels(turn.route, "true").observe(time.perf_counter() - turn.started)
-            if last:
-                await out.write_eof(data)
-            else:
-                await out.write(data)
-        except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
-            raise ClientGone(out) from exc
-        return out
+    def _send(self, request: Request, turn: Turn, data: bytes | bytearray, last: bool = False) -> None:
+        """Send data to the client, starting the response with it first; `last` ends it in the same write.
+        ClientGone if the client has left."""
+        if not request.started:
+            request.start(200, {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                "X-Request-Id": turn.request_id}, data)
+            self.r.metrics.ttft.labels(turn.route, "true").observe(time.perf_counter() - turn.started)
+            data = b""
+        if last:
+            request.end(data)
+        else:
+            request.write(data)
 
-    async def _end_stream_with_error(self, turn: Turn, out: web.StreamResponse, message: str) -> web.StreamResponse:
+    def _end_stream_with_error(self, turn: Turn, request: Request, message: str) -> None:
         self.r.metrics.e2e.labels(turn.route, "true").observe(time.perf_counter() - turn.started)
-        try:
-            await out.write(sse_error_event(message, "server_error", 502))
-            await out.write_eof()
-        except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
-            raise ClientGone(out) from exc
-        return out
+        request.write(sse_error_event(message, "server_error", 502))
+        request.end()
 
 
 class _StreamRelay:

@@ -236,6 +236,9 @@ class Entry:
 
 class Store(Protocol):
     kind: str
+    # True when put and take never suspend (no I/O): an entry can then be stored right after the client's answer is
+    # written, with nothing else running in between.
+    immediate: bool
 
     async def put(self, key: str, entry: Entry, ttl: float) -> int:
         """Store `entry` under `key`; returns how many other entries were evicted to stay within the bounds."""
@@ -265,6 +268,7 @@ class MemoryStore:
     a full collection does not walk every entry (a million Entry objects took it ~0.5 s)."""
 
     kind = "memory"
+    immediate = True
 
     def __init__(self, max_entries: int, max_bytes: int = StoreConfig.model_fields["max_bytes"].default,
                  clock: Callable[[], float] = time.monotonic):
@@ -359,6 +363,7 @@ class RedisStore:
     """Shared by every router replica: GETDEL makes the take atomic across them, PX gives the TTL."""
 
     kind = "redis"
+    immediate = False
 
     def __init__(self, url: str, key_prefix: str, op_timeout: float, error_backoff: float, client: Any = None):
         import redis.asyncio as aioredis

@@ -8,13 +8,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
-
 from duplex_sidecars.protocol import KV_PARAMS_FIELD
 from duplex_sidecars.router import jsonio
 from duplex_sidecars.router.config import ConversationConfig
 from duplex_sidecars.router.errors import BadRequest, ModelNotFound, PayloadTooLarge
-from duplex_sidecars.router.history import CHAT_ROUTE, COMPLETIONS_ROUTE, History, scope_digest, state_key, tenant_of
+from duplex_sidecars.router.front import Request
+from duplex_sidecars.router.history import (
+    CHAT_ROUTE,
+    COMPLETIONS_ROUTE,
+    History,
+    scope_digest,
+    state_key,
+    tenant_of,
+)
 
 ROUTES = {"/v1/chat/completions": CHAT_ROUTE, "/v1/completions": COMPLETIONS_ROUTE}
 MAX_CONVERSATION_ID_CHARS = 1024
@@ -43,26 +49,22 @@ class Turn:
         return jsonio.dumps(body, self.exact_json)
 
 
-async def read_body(request: web.Request, max_bytes: int) -> bytes:
-    if request.content_length is not None and request.content_length > max_bytes:
-        raise PayloadTooLarge(f"Request body of {request.content_length} bytes exceeds the limit of {max_bytes} bytes.")
-    data = bytearray()
-    async for chunk in request.content.iter_chunked(64 * 1024):
-        data += chunk
-        if len(data) > max_bytes:
-            raise PayloadTooLarge(f"Request body exceeds the limit of {max_bytes} bytes.")
-    return bytes(data)
+def body_of(request: Request, max_bytes: int) -> bytes:
+    """The request's body (the server stops reading at its limit; this one may have been lowered since)."""
+    if len(request.body) > max_bytes:
+        raise PayloadTooLarge(f"Request body of {len(request.body)} bytes exceeds the limit of {max_bytes} bytes.")
+    return request.body
 
 
-def request_id_of(request: web.Request) -> str:
+def request_id_of(request: Request) -> str:
     """The client's X-Request-Id when it is a sane token, else a fresh one."""
-    given = request.headers.get("X-Request-Id", "")
+    given = request.headers.get("x-request-id", "")
     if 0 < len(given) <= 128 and _REQUEST_ID_OK.issuperset(given):
         return given
     return os.urandom(16).hex()
 
 
-def parse_turn(request: web.Request, raw: bytes, conversation: ConversationConfig,
+def parse_turn(request: Request, raw: bytes, conversation: ConversationConfig,
                served_models: list[str]) -> Turn:
     path = request.path
     route = ROUTES[path]
@@ -102,7 +104,7 @@ def parse_turn(request: web.Request, raw: bytes, conversation: ConversationConfi
             raise BadRequest(f"'{conversation.body_field}' must be a string.", code="invalid_type")
         conversation_id = value or None
     if conversation_id is None and conversation.header:
-        conversation_id = request.headers.get(conversation.header) or None
+        conversation_id = request.header(conversation.header) or None
     if conversation_id is not None and len(conversation_id) > MAX_CONVERSATION_ID_CHARS:
         raise BadRequest(f"Conversation id longer than {MAX_CONVERSATION_ID_CHARS} characters.", code="invalid_value")
     # Only the router decides what an engine reads or retains; a client must never steer it.
@@ -110,7 +112,7 @@ def parse_turn(request: web.Request, raw: bytes, conversation: ConversationConfi
 
     key = None
     if conversation_id is not None:
-        tenant = tenant_of(request.headers.get(conversation.tenant_header))
+        tenant = tenant_of(request.header(conversation.tenant_header))
         key = state_key(tenant, model, conversation_id)
     comparable = key is not None and exact  # digests are taken only of values read exactly
     return Turn(

@@ -7,9 +7,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
 
-from duplex_sidecars.router.app import Router, build_app
+from duplex_sidecars.router.app import Router, RouterServer
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.config_file import deep_merge
 
@@ -17,7 +16,7 @@ from .fake_engine import FakeEngine
 
 
 class Rig:
-    def __init__(self, router: Router, server: TestServer, prefill: list[FakeEngine], decode: list[FakeEngine],
+    def __init__(self, router: Router, server: RouterServer, prefill: list[FakeEngine], decode: list[FakeEngine],
                  session: aiohttp.ClientSession):
         self.router = router
         self.server = server
@@ -35,7 +34,7 @@ class Rig:
 
     @property
     def url(self) -> str:
-        return str(self.server.make_url("")).rstrip("/")
+        return self.server.url
 
     def metric(self, name: str, **labels: str) -> float:
         value = self.router.metrics.registry.get_sample_value(name, labels or None)
@@ -104,8 +103,8 @@ async def make_rig() -> AsyncIterator[RigFactory]:
                 "timeouts": {"connect_seconds": 2, "prefill_seconds": 5, "decode_first_byte_seconds": 5,
                              "decode_idle_seconds": 5}}
         router = Router(RouterConfig.model_validate(deep_merge(base, config)))
-        server = TestServer(build_app(router))
-        await server.start_server()
+        server = RouterServer(router)
+        await server.start()
         cleanups.append(server.close)
         session = aiohttp.ClientSession()
         cleanups.append(session.close)

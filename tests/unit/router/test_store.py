@@ -408,3 +408,25 @@ async def test_memory_sweep_applies_lowered_bounds():
     s.max_bytes = entry().nbytes
     assert await s.sweep() == 2  # k3 and k4 go, k5 stays
     assert await s.size() == 1 and s.bytes_held() == entry().nbytes
+
+
+def _finishes_without_suspending(coro: Any) -> Any:
+    """Run a coroutine one step: it must return at once (StopIteration), never wait on the event loop."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise AssertionError("the coroutine suspended")
+
+
+def test_memory_store_never_suspends_which_lets_the_router_answer_before_storing():
+    # The router writes the client's last bytes and then stores the entry with nothing running in between; that is
+    # only safe while put and take of an `immediate` store finish in one step, evictions included.
+    s = MemoryStore(max_entries=2)
+    assert s.immediate is True and RedisStore.immediate is False
+    for i in range(4):
+        _finishes_without_suspending(s.put(f"k{i}", entry(n=i), 60))
+    assert _finishes_without_suspending(s.take("k3")).params["remote_num_tokens"] == 3
+    assert _finishes_without_suspending(s.take("k0")) is None
+    _finishes_without_suspending(s.drop_endpoint(D1))

@@ -1,0 +1,1056 @@
+"""FrontServer (the router's client-facing HTTP/1.1 server) against raw clients on loopback: every byte a client sends,
+and when, is chosen by the test; answers are read off the wire (or through aiohttp's client where its decoding is the
+point)."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import hashlib
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+from duplex_sidecars.router import front
+from duplex_sidecars.router.front import (
+    MAX_HEAD_BYTES,
+    ClientGone,
+    FrontServer,
+    Limits,
+    Request,
+)
+
+# ---- a server and raw clients -----------------------------------------------------------------------------------
+
+
+def error_body(status: int, message: str) -> bytes:
+    return json.dumps({"error": {"status": status, "message": message}}).encode()
+
+
+Handler = Callable[[Request], Awaitable[None]]
+ServerFactory = Callable[..., Awaitable[FrontServer]]
+
+
+@pytest.fixture
+async def make_server() -> AsyncIterator[ServerFactory]:
+    servers: list[FrontServer] = []
+
+    async def factory(handler: Handler, *, max_body: Callable[[], int] = lambda: 1000,
+                      idle: float = 5.0) -> FrontServer:
+        server = FrontServer(handler, Limits(max_body, idle_seconds=idle), error_body)
+        await server.start("127.0.0.1", 0)
+        servers.append(server)
+        return server
+
+    yield factory
+    for server in servers:
+        await server.stop(0.5)
+
+
+@dataclass
+class Reply:
+    status: int
+    reason: str
+    headers: list[tuple[str, str]]
+    body: bytes
+    chunks: list[bytes] | None  # the chunks as framed, for a chunked body
+
+    def values(self, name: str) -> list[str]:
+        return [v for k, v in self.headers if k.lower() == name.lower()]
+
+    def header(self, name: str) -> str | None:
+        found = self.values(name)
+        assert len(found) <= 1, f"{name} sent {len(found)} times: {found}"
+        return found[0] if found else None
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class Client:
+    """One raw connection."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, port: int, rcvbuf: int | None = None) -> Client:
+        if rcvbuf is None:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        else:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)  # before connect: the window stays small
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+            reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 16)
+        return cls(reader, writer)
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await asyncio.wait_for(self.writer.drain(), 1.0)
+
+    async def reply(self, head_only: bool = False, timeout: float = 1.0) -> Reply:
+        return await asyncio.wait_for(self._reply(head_only), timeout)
+
+    async def _reply(self, head_only: bool) -> Reply:
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        lines = head[:-4].decode("latin-1").split("\r\n")
+        version, status, reason = lines[0].split(" ", 2)
+        assert version == "HTTP/1.1", lines[0]
+        headers = []
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            assert sep, f"bad header line {line!r}"
+            headers.append((name, value.strip()))
+        reply = Reply(int(status), reason, headers, b"", None)
+        if head_only or reply.status < 200:
+            return reply
+        if (reply.header("Transfer-Encoding") or "").lower() == "chunked":
+            reply.chunks = []
+            while True:
+                size_line = (await self.reader.readuntil(b"\r\n"))[:-2]
+                try:
+                    size = int(size_line, 16)
+                except ValueError:
+                    raise AssertionError(f"bad chunk size line {size_line!r} after {reply.chunks!r}") from None
+                if size == 0:
+                    assert await self.reader.readexactly(2) == b"\r\n"  # no trailers
+                    break
+                data = await self.reader.readexactly(size + 2)
+                assert data[-2:] == b"\r\n", "chunk not followed by CRLF"
+                reply.chunks.append(data[:-2])
+            reply.body = b"".join(reply.chunks)
+        elif (length := reply.header("Content-Length")) is not None:
+            reply.body = await self.reader.readexactly(int(length))
+        else:
+            reply.body = await self.reader.read()  # to the end of the connection
+        return reply
+
+    async def closed(self, timeout: float = 1.0) -> bool:
+        """True if the server ends the connection (EOF or reset) within `timeout` with no more bytes sent; False if
+        it is still open."""
+        try:
+            data = await asyncio.wait_for(self.reader.read(1 << 16), timeout)
+        except TimeoutError:
+            return False
+        except ConnectionError:
+            return True
+        assert data == b"", f"unexpected bytes instead of the end: {data[:200]!r}"
+        return True
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+@pytest.fixture
+async def connect() -> AsyncIterator[Callable[..., Awaitable[Client]]]:
+    clients: list[Client] = []
+
+    async def open_(server: FrontServer, rcvbuf: int | None = None) -> Client:
+        client = await Client.open(server.port, rcvbuf)
+        clients.append(client)
+        return client
+
+    yield open_
+    for client in clients:
+        client.writer.transport.abort()
+
+
+def describe(request: Request) -> bytes:
+    return json.dumps({
+        "method": request.method, "path": request.path, "query": request.query, "headers": request.headers,
+        "body": request.body.decode("latin-1"), "http11": request.http11, "keep_alive": request.keep_alive,
+    }).encode()
+
+
+async def echo(request: Request) -> None:
+    request.respond(200, describe(request))
+
+
+async def until(condition: Callable[[], bool], timeout: float = 1.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.002)
+
+
+def get(path: str = "/", *headers: bytes, version: bytes = b"1.1", method: bytes = b"GET") -> bytes:
+    return b"%s %s HTTP/%s\r\nHost: t\r\n%s\r\n" % (method, path.encode(), version, b"".join(h + b"\r\n" for h in headers))
+
+
+def post(path: str, body: bytes, *headers: bytes) -> bytes:
+    return get(path, b"Content-Length: %d" % len(body), *headers, method=b"POST") + body
+
+
+def chunked(*pieces: bytes, end: bool = True) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + (b"0\r\n\r\n" if end else b"")
+
+
+# ---- requests as the handler sees them --------------------------------------------------------------------------
+
+
+async def test_request_fields(make_server, connect):
+    server = await make_server(echo)
+    client = await connect(server)
+    await client.send(b"PUT /v1/x%20y?a=1&b=2 HTTP/1.1\r\nHost: t\r\nX-Multi: one\r\nX-MULTI: two\r\n"
+                      b"Content-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello")
+    reply = await client.reply()
+    assert reply.status == 200
+    seen = reply.json()
+    assert seen["method"] == "PUT"
+    assert seen["path"] == "/v1/x%20y"
+    assert seen["query"] == "a=1&b=2"
+    assert seen["headers"]["x-multi"] == "one, two"
+    assert seen["headers"]["content-type"] == "text/plain"
+    assert all(name == name.lower() for name in seen["headers"])
+    assert seen["body"] == "hello"
+    assert seen["http11"] is True and seen["keep_alive"] is True
+
+
+async def test_response_headers_from_the_handler(make_server, connect):
+    async def handler(request: Request) -> None:
+        assert request.header("X-Case") == "v"  # case-insensitive lookup
+        request.respond(201, b"made", "text/plain", {"X-Thing": "value", "Location": "/made/1"})
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get("/", b"x-case: v"))
+    reply = await client.reply()
+    assert (reply.status, reply.reason) == (201, "Created")
+    assert reply.header("Content-Type") == "text/plain"
+    assert reply.header("X-Thing") == "value"
+    assert reply.header("Location") == "/made/1"
+    assert reply.body == b"made"
+
+
+async def test_header_value_with_a_line_break_never_reaches_the_wire(make_server, connect):
+    async def handler(request: Request) -> None:
+        request.respond(200, b"x", headers={"X-Evil": "a\r\nSet-Cookie: pwned=1"})
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get())
+    everything = await asyncio.wait_for(client.reader.read(), 1.0)
+    assert b"pwned" not in everything and b"X-Evil" not in everything
+
+
+async def test_header_value_with_a_line_break_is_a_500(make_server, connect):
+    async def handler(request: Request) -> None:
+        request.respond(200, b"x", headers={"X-Evil": "a\r\nSet-Cookie: pwned=1"})
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get())
+    reply = await client.reply()
+    assert reply.status == 500
+    assert reply.header("Set-Cookie") is None and reply.header("X-Evil") is None
+
+
+# ---- keep-alive -------------------------------------------------------------------------------------------------
+
+
+async def test_keep_alive_serves_several_requests_on_one_connection(make_server, connect):
+    server = await make_server(echo)
+    client = await connect(server)
+    for i in range(3):
+        await client.send(post(f"/r{i}", b"body%d" % i))
+        reply = await client.reply()
+        assert reply.status == 200
+        assert reply.json()["path"] == f"/r{i}"
+        assert reply.json()["body"] == f"body{i}"
+        assert reply.header("Connection") is None
+    assert not await client.closed(0.05)
+
+
+async def test_standard_response_headers(make_server, connect):
+    server = await make_server(echo)
+    client = await connect(server)
+    await client.send(get("/x"))
+    reply = await client.reply()
+    assert reply.header("Server") == "duplex-router"
+    assert reply.header("Content-Length") == str(len(reply.body))
+    assert reply.header("Content-Type") == "application/json"
+    date = email.utils.parsedate_to_datetime(reply.header("Date"))
+    assert abs(date.timestamp() - time.time()) < 5
+    assert reply.header("Date").endswith("GMT")
+
+
+async def test_http10_without_keep_alive_closes_after_the_response(make_server, connect):
+    server = await make_server(echo)
+    client = await connect(server)
+    await client.send(get("/old", version=b"1.0"))
+    reply = await client.reply()
+    assert reply.status == 200
+    assert reply.json()["http11"] is False and reply.json()["keep_alive"] is False
+    assert reply.header("Connection") == "close"
+    assert await client.closed()
+
+
+async def test_http10_with_keep_alive_stays_open(make_server, connect):
+    server = await make_server(echo)
+    client = await connect(server)
+    for path in ("/a", "/b"):
+        await client.send(get(path, b"Connection: keep-alive", version=b"1.0"))
+        reply = await client.reply()
+        assert reply.json()["path"] == path
+        assert reply.header("Connection") is None
+    assert not await client.closed(0.05)
+
+
+async def test_connection_close_is_honoured(make_server, connect):
+    server = await make_server(echo)
+    client = await connect(server)
+    await client.send(get("/", b"Connection: close") + b"\r\n")  # a stray CRLF after it is tolerated
+    reply = await client.reply()
+    assert reply.status == 200
+    assert reply.json()["keep_alive"] is False
+    assert reply.header("Connection") == "close"
+    assert await client.closed()
+
+
+async def test_head_gets_the_headers_without_the_body(make_server, connect):
+    async def handler(request: Request) -> None:
+        request.respond(200, b"0123456789", "text/plain")
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get("/", method=b"HEAD"))
+    head = await client.reply(head_only=True)
+    assert head.status == 200
+    assert head.header("Content-Length") == "10"
+    # no body bytes follow: the next response on the connection starts right away
+    await client.send(get("/"))
+    reply = await client.reply()
+    assert reply.body == b"0123456789"
+
+
+async def test_head_of_a_stream_has_no_body_and_keeps_the_connection(make_server, connect):
+    async def handler(request: Request) -> None:
+        request.start(200, {"Content-Type": "text/plain"}, b"first")
+        request.write(b"more")
+        request.end(b"last")
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get("/", method=b"HEAD"))
+    head = await client.reply(head_only=True)
+    assert head.status == 200
+    await client.send(get("/"))
+    reply = await client.reply()
+    assert reply.body == b"firstmorelast"
+
+
+# ---- pipelining -------------------------------------------------------------------------------------------------
+
+
+async def test_pipelined_requests_are_answered_in_order_one_at_a_time(make_server, connect):
+    events: list[str] = []
+
+    async def handler(request: Request) -> None:
+        events.append(f"start {request.path}")
+        if request.path == "/slow":
+            await asyncio.sleep(0.05)
+        events.append(f"end {request.path}")
+        request.respond(200, request.path.encode(), "text/plain")
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get("/slow") + get("/fast"))
+    first = await client.reply()
+    second = await client.reply()
+    assert (first.body, second.body) == (b"/slow", b"/fast")
+    assert events == ["start /slow", "end /slow", "start /fast", "end /fast"]
+
+
+async def test_many_pipelined_requests_in_one_write_are_all_answered_in_order(make_server, connect):
+    active = 0
+
+    async def handler(request: Request) -> None:
+        nonlocal active
+        active += 1
+        assert active == 1
+        await asyncio.sleep(0)
+        active -= 1
+        request.respond(200, request.path.encode(), "text/plain")
+
+    server = await make_server(handler)
+    client = await connect(server)
+    n = front.MAX_QUEUED * 3  # past the point where the server stops reading ahead
+    await client.send(b"".join(post(f"/{i}", b"x" * i) for i in range(n)))
+    bodies = [(await client.reply()).body for _ in range(n)]
+    assert bodies == [f"/{i}".encode() for i in range(n)]
+    assert not await client.closed(0.05)
+
+
+@pytest.mark.parametrize("first", [get("/first", b"Connection: close"), get("/first", version=b"1.0")],
+                         ids=["connection-close", "http10"])
+async def test_pipelined_request_after_a_closing_one_is_not_served(make_server, connect, first):
+    seen: list[str] = []
+
+    async def handler(request: Request) -> None:
+        seen.append(request.path)
+        request.respond(200, b"")
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(first + get("/second"))
+    assert (await client.reply()).header("Connection") == "close"
+    assert await client.closed()
+    assert seen == ["/first"]
+
+
+# ---- request bodies ---------------------------------------------------------------------------------------------
+
+
+async def test_content_length_body_arrives_whole(make_server, connect):
+    server = await make_server(echo)
+    client = await connect(server)
+    body = bytes(range(33, 127)) * 10  # 940 bytes, under the limit of 1000
+    wire = post("/", body)
+    split = len(wire) - len(body) + 100  # the head and part of the body, then the rest
+    await client.send(wire[:split])
+    await asyncio.sleep(0.01)
+    await client.send(wire[split:])
+    reply = await client.reply()
+    assert reply.json()["body"].encode() == body
+
+
+async def test_chunked_body_arrives_whole(make_server, connect):
+    server = await make_server(echo)
+    client = await connect(server)
+    await client.send(get("/", b"Transfer-Encoding: chunked", method=b"POST") + chunked(b"hello ", b"chunked", end=False))
+    await asyncio.sleep(0.01)
+    await client.send(chunked(b" world"))
+    reply = await client.reply()
+    assert reply.json()["body"] == "hello chunked world"
+    assert reply.json()["headers"]["transfer-encoding"] == "chunked"
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+async def test_body_exactly_at_the_limit_is_accepted(make_server, connect, framing):
+    server = await make_server(echo)
+    client = await connect(server)
+    body = b"b" * 1000
+    if framing == "length":
+        await client.send(post("/", body))
+    else:
+        await client.send(get("/", b"Transfer-Encoding: chunked", method=b"POST") + chunked(body[:600], body[600:]))
+    reply = await client.reply()
+    assert reply.status == 200
+    assert reply.json()["body"].encode() == body
+
+
+async def test_content_length_over_the_limit_is_answered_413_before_the_body(make_server, connect):
+    calls: list[str] = []
+
+    async def handler(request: Request) -> None:
+        calls.append(request.path)
+        request.respond(200, b"")
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get("/big", b"Content-Length: 1001", method=b"POST"))  # headers only
+    reply = await client.reply()
+    assert reply.status == 413
+    assert reply.header("Connection") == "close"
+    assert reply.header("Content-Type") == "application/json"
+    assert reply.json()["error"]["status"] == 413
+    assert "1001" in reply.json()["error"]["message"]
+    await client.send(b"x" * 1001)  # the body, sent after the answer, is read and dropped
+    assert await client.closed()
+    assert calls == []
+
+
+async def test_413_is_sent_instead_of_100_continue(make_server, connect):
+    server = await make_server(echo)
+    client = await connect(server)
+    await client.send(get("/", b"Content-Length: 5000", b"Expect: 100-continue", method=b"POST"))
+    reply = await client.reply()
+    assert reply.status == 413
+    await client.send(b"x" * 5000)
+    assert await client.closed()
+
+
+async def test_chunked_body_over_the_limit_is_answered_413(make_server, connect):
+    calls: list[str] = []
+
+    async def handler(request: Request) -> None:
+        calls.append(request.path)
+        request.respond(200, b"")
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get("/", b"Transfer-Encoding: chunked", method=b"POST")
+                      + chunked(b"a" * 600, b"b" * 600, end=False))
+    reply = await client.reply()
+    assert reply.status == 413
+    assert reply.header("Connection") == "close"
+    assert reply.json()["error"]["status"] == 413
+    await client.send(chunked(b"c" * 10))  # the rest of the body and its end
+    assert await client.closed()
+    assert calls == []
+
+
+async def test_oversized_pipelined_body_is_answered_413_in_turn(make_server, connect):
+    release = asyncio.Event()
+    calls: list[str] = []
+
+    async def handler(request: Request) -> None:
+        calls.append(request.path)
+        if request.path == "/slow":
+            await release.wait()
+        request.respond(200, request.path.encode(), "text/plain")
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get("/slow") + post("/big", b"x" * 2000) + get("/after"))
+    await until(lambda: calls == ["/slow"])
+    release.set()
+    first = await client.reply()
+    assert (first.status, first.body) == (200, b"/slow")
+    second = await client.reply()
+    assert second.status == 413
+    assert second.header("Connection") == "close"
+    assert await client.closed()
+    assert calls == ["/slow"]
+
+
+async def test_body_limit_is_read_per_request(make_server, connect):
+    limit = [1000]
+    server = await make_server(echo, max_body=lambda: limit[0])
+    client = await connect(server)
+    await client.send(post("/", b"x" * 500))
+    assert (await client.reply()).status == 200
+    limit[0] = 100
+    await client.send(get("/", b"Content-Length: 500", method=b"POST"))
+    assert (await client.reply()).status == 413
+    limit[0] = 10_000
+    client = await connect(server)
+    await client.send(post("/", b"y" * 5000))
+    reply = await client.reply()
+    assert reply.status == 200
+    assert len(reply.json()["body"]) == 5000
+
+
+# ---- Expect: 100-continue ---------------------------------------------------------------------------------------
+
+
+async def test_expect_100_continue(make_server, connect):
+    calls: list[str] = []
+
+    async def handler(request: Request) -> None:
+        calls.append(request.path)
+        await echo(request)
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get("/up", b"Content-Length: 7", b"Expect: 100-continue", method=b"POST"))
+    interim = await client.reply()
+    assert (interim.status, interim.reason, interim.headers) == (100, "Continue", [])
+    assert calls == []
+    await client.send(b"payload")
+    reply = await client.reply()
+    assert reply.status == 200
+    assert reply.json()["body"] == "payload"
+    # and the connection carries on
+    await client.send(get("/next"))
+    assert (await client.reply()).json()["path"] == "/next"
+
+
+async def test_100_continue_for_a_pipelined_request_waits_for_the_response_before_it(make_server, connect):
+    release = asyncio.Event()
+    heads = 0
+
+    def max_body() -> int:  # called when a request's head is complete
+        nonlocal heads
+        heads += 1
+        return 1000
+
+    async def handler(request: Request) -> None:
+        if request.path == "/stream":
+            request.start(200, {"Content-Type": "text/plain"}, b"first")
+            await release.wait()
+            request.end(b"last")
+        else:
+            await echo(request)
+
+    server = await make_server(handler, max_body=max_body)
+    client = await connect(server)
+    await client.send(get("/stream"))
+    await asyncio.wait_for(client.reader.readuntil(b"5\r\nfirst\r\n"), 1.0)
+    await client.send(get("/up", b"Content-Length: 3", b"Expect: 100-continue", method=b"POST"))
+    await until(lambda: heads == 2)
+    release.set()
+    rest = await asyncio.wait_for(client.reader.readuntil(b"0\r\n\r\n"), 1.0)
+    assert rest == b"4\r\nlast\r\n0\r\n\r\n"  # the streamed response, uncorrupted
+    assert (await client.reply()).status == 100
+    await client.send(b"abc")
+    assert (await client.reply()).json()["body"] == "abc"
+
+
+# ---- malformed requests -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("garbage", [
+    pytest.param(b"THIS IS NOT HTTP\r\n\r\n", id="request-line"),
+    pytest.param(b"GET / HTTP/1.1\r\nNo colon here\r\n\r\n", id="header-line"),
+    pytest.param(b"GET / HTTP/9.9\r\n\r\n", id="version"),
+    pytest.param(b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+                 id="length-and-chunked"),
+    pytest.param(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n", id="chunk-size"),
+])
+async def test_malformed_request_is_answered_400_then_closed(make_server, connect, garbage):
+    calls: list[str] = []
+
+    async def handler(request: Request) -> None:
+        calls.append(request.path)
+        request.respond(200, b"")
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(garbage)
+    reply = await client.reply()
+    assert reply.status == 400
+    assert reply.header("Connection") == "close"
+    assert reply.json()["error"]["status"] == 400
+    assert await client.closed()
+    assert calls == []
+
+
+@pytest.mark.parametrize("request_bytes", [
+    pytest.param(b"GET /" + b"u" * MAX_HEAD_BYTES + b" HTTP/1.1\r\n\r\n", id="url"),
+    pytest.param(b"GET / HTTP/1.1\r\nX-Big: " + b"v" * MAX_HEAD_BYTES + b"\r\n\r\n", id="one-header"),
+    pytest.param(b"GET / HTTP/1.1\r\n" + b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 40) for i in range(1700)) + b"\r\n",
+                 id="many-headers"),
+])
+async def test_head_over_the_limit_is_answered_431_then_closed(make_server, connect, request_bytes):
+    calls: list[str] = []
+
+    async def handler(request: Request) -> None:
+        calls.append(request.path)
+        request.respond(200, b"")
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(request_bytes)
+    reply = await client.reply()
+    assert reply.status == 431
+    assert reply.header("Connection") == "close"
+    assert reply.json()["error"]["status"] == 431
+    assert await client.closed()
+    assert calls == []
+
+
+async def test_head_just_under_the_limit_is_served(make_server, connect):
+    server = await make_server(echo)
+    client = await connect(server)
+    await client.send(b"GET / HTTP/1.1\r\nX-Big: " + b"v" * (MAX_HEAD_BYTES - 100) + b"\r\n\r\n")
+    reply = await client.reply()
+    assert reply.status == 200
+    assert len(reply.json()["headers"]["x-big"]) == MAX_HEAD_BYTES - 100
+
+
+async def test_unterminated_header_line_over_the_limit_is_refused(make_server, connect):
+    server = await make_server(echo)
+    client = await connect(server)
+    await client.send(b"GET / HTTP/1.1\r\nX-Big: " + b"v" * (4 * MAX_HEAD_BYTES))  # and the line goes on
+    reply = await client.reply(timeout=0.5)
+    assert reply.status == 431
+    assert await client.closed()
+
+
+@pytest.mark.parametrize("method", [b"GET", b"POST"])
+async def test_upgrade_request_gets_an_answer(make_server, connect, method):
+    # what `curl --http2 http://...` sends: a plain HTTP/1.1 request offering an upgrade to h2c
+    server = await make_server(echo)
+    client = await connect(server)
+    await client.send(get("/", b"Connection: Upgrade, HTTP2-Settings", b"Upgrade: h2c",
+                          b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA", b"Content-Length: 0", method=method))
+    reply = await client.reply()
+    assert reply.status in (200, 400)  # served over HTTP/1.1 (the upgrade ignored), or refused as the code intends
+
+
+# ---- streamed responses -----------------------------------------------------------------------------------------
+
+
+async def test_stream_is_decoded_by_aiohttp_into_the_exact_concatenation(make_server):
+    pieces = [b"alpha", b"", bytes(range(256)) * 300, b"\r\n0\r\n\r\n", b"omega"]
+
+    async def handler(request: Request) -> None:
+        request.start(200, {"Content-Type": "application/octet-stream"}, pieces[0])
+        for piece in pieces[1:-1]:
+            request.write(piece)
+            await request.drain()
+        request.end(pieces[-1])
+
+    server = await make_server(handler)
+    async with aiohttp.ClientSession() as session:
+        for _ in range(2):  # twice, over the kept-alive connection
+            async with session.get(f"http://127.0.0.1:{server.port}/s") as resp:
+                assert resp.status == 200
+                assert resp.headers["Transfer-Encoding"] == "chunked"
+                assert "Content-Length" not in resp.headers
+                assert await asyncio.wait_for(resp.read(), 1.0) == b"".join(pieces)
+
+
+async def test_stream_framing_on_the_wire(make_server, connect):
+    async def handler(request: Request) -> None:
+        request.start(200, {"Content-Type": "text/plain"}, b"ab")
+        request.write(b"")  # nothing, not a terminating empty chunk
+        request.write(bytearray(b"cde"))
+        request.end()
+        request.write(b"after")  # ignored once ended
+        request.end(b"again")
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get("/"))
+    reply = await client.reply()
+    assert reply.chunks == [b"ab", b"cde"]
+    assert reply.header("Content-Length") is None
+    await client.send(get("/"))  # the connection is still in step
+    assert (await client.reply()).chunks == [b"ab", b"cde"]
+
+
+async def test_stream_first_data_goes_out_with_the_head(make_server, connect):
+    release = asyncio.Event()
+
+    async def handler(request: Request) -> None:
+        request.start(200, {"Content-Type": "text/plain"}, b"hello")
+        await release.wait()
+        request.end(b"bye")
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get("/"))
+    head = await asyncio.wait_for(client.reader.readuntil(b"\r\n\r\n"), 1.0)
+    assert b"Transfer-Encoding: chunked\r\n" in head
+    first = await asyncio.wait_for(client.reader.readuntil(b"hello\r\n"), 1.0)  # while the handler still waits
+    assert first == b"5\r\nhello\r\n"
+    release.set()
+    assert await asyncio.wait_for(client.reader.readuntil(b"0\r\n\r\n"), 1.0) == b"3\r\nbye\r\n0\r\n\r\n"
+
+
+async def test_http10_stream_is_unframed_and_ends_with_the_connection(make_server, connect):
+    async def handler(request: Request) -> None:
+        request.start(200, {"Content-Type": "text/plain"}, b"one ")
+        request.write(b"two ")
+        await request.drain()
+        request.end(b"three")
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get("/", b"Connection: keep-alive", version=b"1.0"))  # keep-alive asked for, but no framing
+    reply = await client.reply()
+    assert reply.status == 200
+    assert reply.header("Transfer-Encoding") is None
+    assert reply.header("Content-Length") is None
+    assert reply.header("Connection") == "close"
+    assert reply.body == b"one two three"  # read to the end of the connection
+
+
+# ---- handler failures -------------------------------------------------------------------------------------------
+
+
+async def test_handler_exception_is_500_and_closes(make_server, connect):
+    async def handler(request: Request) -> None:
+        raise RuntimeError("boom")
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get("/"))
+    reply = await client.reply()
+    assert reply.status == 500
+    assert reply.header("Connection") == "close"
+    assert reply.json() == json.loads(error_body(500, "Internal router error."))
+    assert b"boom" not in reply.body
+    assert await client.closed()
+
+
+async def test_handler_returning_without_an_answer_is_500(make_server, connect):
+    async def handler(request: Request) -> None:
+        return None
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get("/"))
+    reply = await client.reply()
+    assert reply.status == 500
+    assert reply.json()["error"]["status"] == 500
+
+
+async def test_stream_left_open_ends_with_the_connection(make_server, connect):
+    async def handler(request: Request) -> None:
+        request.start(200, {"Content-Type": "text/plain"}, b"partial")
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get("/"))
+    head = await asyncio.wait_for(client.reader.readuntil(b"\r\n\r\n"), 1.0)
+    assert head.startswith(b"HTTP/1.1 200 ") and b"Connection: close" not in head
+    rest = await asyncio.wait_for(client.reader.read(), 1.0)  # to the end: no terminating chunk
+    assert rest == b"7\r\npartial\r\n"
+
+
+async def test_stream_failing_midway_is_cut_not_terminated(make_server):
+    async def handler(request: Request) -> None:
+        request.start(200, {"Content-Type": "text/plain"}, b"partial")
+        raise RuntimeError("boom")
+
+    server = await make_server(handler)
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{server.port}/") as resp:
+        assert resp.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await asyncio.wait_for(resp.read(), 1.0)
+
+
+async def test_respond_twice_is_an_error_and_the_first_answer_stands(make_server, connect):
+    errors: list[BaseException] = []
+
+    async def handler(request: Request) -> None:
+        request.respond(200, b"first", "text/plain")
+        for again in (lambda: request.respond(200, b"second"), lambda: request.start(200)):
+            try:
+                again()
+            except RuntimeError as exc:
+                errors.append(exc)
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get("/") + get("/"))
+    assert (await client.reply()).body == b"first"
+    assert (await client.reply()).body == b"first"
+    assert len(errors) == 4
+
+
+# ---- clients that leave -----------------------------------------------------------------------------------------
+
+
+async def test_write_after_the_client_left_raises_client_gone(make_server, connect):
+    outcome: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def handler(request: Request) -> None:
+        request.start(200, {"Content-Type": "text/plain"}, b"x")
+        try:
+            async with asyncio.timeout(1.0):
+                while True:
+                    request.write(b"more")
+                    await asyncio.sleep(0.005)
+        except ClientGone:
+            outcome.set_result("gone")
+            raise
+        except TimeoutError:
+            outcome.set_result("still writing after 1 s")
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get("/"))
+    await asyncio.wait_for(client.reader.readuntil(b"\r\n\r\n"), 1.0)
+    client.close()
+    assert await asyncio.wait_for(outcome, 2.0) == "gone"
+
+
+async def test_respond_after_the_client_left_raises_client_gone(make_server, connect):
+    outcome: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def handler(request: Request) -> None:
+        try:
+            await until(lambda: request.client_gone)
+            request.respond(200, b"too late")
+        except ClientGone:
+            outcome.set_result("gone")
+            raise
+        except BaseException as exc:
+            outcome.set_result(repr(exc))
+            raise
+        outcome.set_result("respond did not raise")
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get("/"))
+    client.close()
+    assert await asyncio.wait_for(outcome, 2.0) == "gone"
+
+
+# ---- idle connections -------------------------------------------------------------------------------------------
+
+
+async def test_idle_connection_is_closed_after_idle_seconds(make_server, connect):
+    server = await make_server(echo, idle=0.2)
+    client = await connect(server)
+    t0 = time.monotonic()
+    assert await client.closed(1.0)
+    assert time.monotonic() - t0 >= 0.15
+
+
+async def test_idle_time_counts_from_the_last_response(make_server, connect):
+    server = await make_server(echo, idle=0.2)
+    client = await connect(server)
+    for _ in range(3):  # more than idle_seconds in all, less between requests
+        await asyncio.sleep(0.1)
+        await client.send(get("/"))
+        assert (await client.reply()).status == 200
+    t0 = time.monotonic()
+    assert await client.closed(1.0)
+    assert time.monotonic() - t0 >= 0.15
+
+
+async def test_a_handler_slower_than_idle_seconds_is_not_cut(make_server, connect):
+    async def handler(request: Request) -> None:
+        await asyncio.sleep(0.3)
+        request.respond(200, b"late but whole", "text/plain")
+
+    server = await make_server(handler, idle=0.1)
+    client = await connect(server)
+    await client.send(get("/"))
+    assert (await client.reply()).body == b"late but whole"
+
+
+async def test_early_413_connection_is_closed_if_the_body_never_comes(make_server, connect):
+    server = await make_server(echo, idle=0.2)
+    client = await connect(server)
+    await client.send(get("/", b"Content-Length: 5000", method=b"POST"))
+    assert (await client.reply()).status == 413
+    assert await client.closed(0.6)
+
+
+# ---- stop -------------------------------------------------------------------------------------------------------
+
+
+async def test_stop_finishes_the_running_request_and_closes_idle_connections(make_server, connect):
+    started = asyncio.Event()
+    finished = False
+
+    async def handler(request: Request) -> None:
+        nonlocal finished
+        if request.method == "HEAD":
+            request.respond(200, b"")
+            return
+        started.set()
+        await asyncio.sleep(0.2)
+        finished = True
+        request.respond(200, b"finished", "text/plain")
+
+    server = await make_server(handler)
+    port = server.port
+    idle = await connect(server)
+    await idle.send(get("/", method=b"HEAD"))  # answered, then kept alive and idle
+    await idle.reply(head_only=True)
+    busy = await connect(server)
+    await busy.send(get("/"))
+    await asyncio.wait_for(started.wait(), 1.0)
+    stopping = asyncio.create_task(server.stop(grace=2.0))
+    assert await idle.closed(0.15)
+    assert not finished  # the idle one went first
+    with pytest.raises(OSError):
+        await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 1.0)
+    reply = await busy.reply()
+    assert (reply.status, reply.body) == (200, b"finished")
+    await asyncio.wait_for(stopping, 1.0)
+    assert await busy.closed()
+
+
+async def test_stop_cancels_a_handler_that_outlives_the_grace(make_server, connect):
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def handler(request: Request) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get("/"))
+    await asyncio.wait_for(started.wait(), 1.0)
+    t0 = time.monotonic()
+    await asyncio.wait_for(server.stop(grace=0.1), 1.5)
+    assert time.monotonic() - t0 < 1.0
+    assert cancelled.is_set()
+    assert await client.closed()
+
+
+# ---- flow control -----------------------------------------------------------------------------------------------
+
+
+async def stalled(progress: Callable[[], int], timeout: float = 1.0) -> None:
+    """Wait until `progress()` has not moved for 50 ms."""
+    last, still = -1, 0
+    async with asyncio.timeout(timeout):
+        while still < 5:
+            await asyncio.sleep(0.01)
+            still = still + 1 if progress() == last else 0
+            last = progress()
+
+
+def piece(i: int, size: int) -> bytes:
+    return hashlib.sha256(i.to_bytes(4, "big")).digest() * (size // 32)
+
+
+async def test_drain_waits_for_a_slow_reader_and_the_data_arrives_intact(make_server, connect):
+    size, count = 64 << 10, 128  # 8 MB
+    sent = 0
+    in_drain = False
+    done = asyncio.Event()
+
+    async def handler(request: Request) -> None:
+        nonlocal sent, in_drain
+        request.start(200, {"Content-Type": "application/octet-stream"})
+        for i in range(count):
+            request.write(piece(i, size))
+            sent += size
+            in_drain = True
+            await request.drain()
+            in_drain = False
+        request.end()
+        done.set()
+
+    server = await make_server(handler)
+    client = await connect(server, rcvbuf=64 << 10)
+    await client.send(get("/"))
+    await stalled(lambda: sent)  # the client reads nothing: the handler's progress stops, parked in drain()
+    assert 0 < sent < size * count
+    assert in_drain and not done.is_set()
+    # once the client reads, it all comes through
+    reply = await client.reply(timeout=2.0)
+    assert done.is_set()
+    assert len(reply.body) == size * count
+    expected = hashlib.sha256(b"".join(piece(i, size) for i in range(count))).hexdigest()
+    assert hashlib.sha256(reply.body).hexdigest() == expected
+
+
+async def test_drain_raises_client_gone_when_the_slow_reader_leaves(make_server, connect):
+    outcome: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    sent = 0
+
+    async def handler(request: Request) -> None:
+        nonlocal sent
+        request.start(200, {"Content-Type": "application/octet-stream"})
+        try:
+            for i in range(256):
+                request.write(piece(i, 64 << 10))
+                sent += 1
+                await request.drain()
+        except ClientGone:
+            outcome.set_result("gone")
+            raise
+        outcome.set_result("wrote everything")
+        request.end()
+
+    server = await make_server(handler)
+    client = await connect(server, rcvbuf=64 << 10)
+    await client.send(get("/"))
+    await stalled(lambda: sent)
+    assert 0 < sent < 256
+    client.writer.transport.abort()
+    assert await asyncio.wait_for(outcome, 1.0) == "gone"
