@@ -184,22 +184,27 @@ class ChunkReader:
             self._waiting = False
 
     def finish(self, resp: EngineResponse, end_within: float) -> None:
-        """Done reading `resp`: its connection goes back to the pool once the body has ended, which for a stream
-        usually happens just after its last event; a body that broke, or has not ended within `end_within` seconds,
-        is closed instead."""
+        """Done reading `resp`: see `finish_response`."""
         self.close()
-        if resp.is_eof():
-            resp.release()
-        elif end_within <= 0 or resp.exception() is not None:
-            resp.close()
-        else:
-            closer = self._loop.call_later(end_within, resp.close)
-            resp.on_eof(closer.cancel)
+        finish_response(resp, end_within)
 
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+def finish_response(resp: EngineResponse, end_within: float) -> None:
+    """Done with `resp`: its connection goes back to the pool once the body has ended, which for a stream usually
+    happens just after its last event; a body that broke, or has not ended within `end_within` seconds, is closed
+    instead."""
+    if resp.is_eof():
+        resp.release()
+    elif end_within <= 0 or resp.exception() is not None:
+        resp.close()
+    else:
+        closer = asyncio.get_running_loop().call_later(end_within, resp.close)
+        resp.on_eof(closer.cancel)
 
 
 async def read_body(resp: EngineResponse, idle_seconds: float) -> bytes:

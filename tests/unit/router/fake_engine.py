@@ -40,6 +40,7 @@ class FakeEngine:
     server: TestServer | None = None
     health_status: int = 200
     stall_seconds: float = 3.0
+    stream_ended_at: float | None = None  # loop time when the last streamed body ended
 
     @property
     def url(self) -> str:
@@ -146,6 +147,7 @@ class FakeEngine:
         if action == "slow_end":
             await asyncio.sleep(self.stall_seconds)
         await resp.write_eof()
+        self.stream_ended_at = asyncio.get_running_loop().time()
         return resp
 
     def _chunk(self, chat: bool, rid: str, delta: Any, finish: str | None) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import statistics
 import time
@@ -466,3 +467,45 @@ async def test_values_beyond_strict_json_reach_the_engines_unchanged_and_are_nev
     # Digests are taken only of strict JSON, so such a conversation recomputes every turn.
     assert rig.metric("duplex_router_kv_reuse_misses_total", reason="not_replayable") == 2
     assert rig.metric("duplex_router_kv_reuse_hits_total") == 0
+
+
+def _dechunk(raw: bytes) -> bytes:
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower(), head
+    out = bytearray()
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return bytes(out)
+        out += rest[:size]
+        assert rest[size:size + 2] == b"\r\n"
+        rest = rest[size + 2:]
+
+
+async def test_a_slow_client_holds_decode_back_and_its_time_is_not_decodes(make_rig):
+    # 12 MB of events: more than the socket and transport buffers between decode and a client that stopped reading
+    # take on loopback (receive buffers stop growing once their reader stops); without back-pressure decode finishes
+    # within the client's pause
+    total = 12 << 20
+    rig = await make_rig(timeouts={"decode_idle_seconds": 0.3})
+    rig.d.words = tuple(f" w{i:06d}" + "x" * 8000 for i in range(total // 8000))
+    body = b'{"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    sock.setblocking(False)
+    host, port = rig.url.removeprefix("http://").split(":")
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=16 * 1024)  # pauses once 32 KiB wait
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    await asyncio.sleep(1.2)  # four idle timeouts long, reading nothing
+    assert rig.d.stream_ended_at is None, "decode finished while the client read nothing: the router buffered it all"
+    raw = await asyncio.wait_for(reader.read(), 30)
+    writer.close()
+    events = _dechunk(raw).split(b"\n\n")
+    assert events[-2:] == [b"data: [DONE]", b""] and b'"error"' not in raw
+    text = "".join(json.loads(e[6:])["choices"][0]["delta"]["content"] for e in events[1:-2])
+    assert text == "".join(rig.d.words)
+    assert rig.metric("duplex_router_backend_errors_total", leg="decode", kind="timeout") == 0
+    assert rig.d.stream_ended_at is not None
