@@ -15,7 +15,7 @@ import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
@@ -26,14 +26,6 @@ _HIGH_WATER = 1 << 20  # unread body bytes at which reading from the engine paus
 MAX_HEADER_BYTES = 64 * 1024  # a response head larger than this is not an engine's
 
 Resolver = Callable[[str, int], Awaitable[str]]  # host, port -> the address to connect to
-
-
-class BodySink(Protocol):
-    """Takes a response body as it arrives (see `EngineResponse.consume`)."""
-
-    def data(self, data: bytes) -> None: ...
-
-    def end(self, exc: BaseException | None) -> None: ...
 
 
 class EngineConnectError(ConnectionError):
@@ -67,7 +59,7 @@ class EngineResponse:
     or `read`; `release` (after the end) or `close` (any time) when done."""
 
     __slots__ = ("status", "headers", "_conn", "_chunks", "_size", "_eof", "_exc", "_waiter", "_eof_callbacks",
-                 "_paused", "_sink", "closed")
+                 "_paused", "closed")
 
     def __init__(self, conn: _Connection, status: int, headers: list[tuple[bytes, bytes]]):
         self.status = status
@@ -80,7 +72,6 @@ class EngineResponse:
         self._waiter: asyncio.Future[None] | None = None
         self._eof_callbacks: list[Callable[[], Any]] = []
         self._paused = False
-        self._sink: BodySink | None = None
         self.closed = False  # `close` was called before the body ended
 
     def header(self, name: bytes) -> bytes | None:
@@ -92,12 +83,7 @@ class EngineResponse:
     # ---- fed by the connection -----------------------------------------------------------------------------------
 
     def _arrived(self) -> None:
-        """Body bytes were appended to `_chunks` (by the connection, one append per HTTP chunk): wake the reader, or
-        hand them to the sink."""
-        if self._sink is not None:
-            if self._chunks:
-                self._deliver()
-            return
+        """Body bytes were appended to `_chunks` (by the connection, one append per HTTP chunk): wake the reader."""
         if self._size > _HIGH_WATER and not self._paused and self._conn is not None:
             self._paused = True
             self._conn.pause()
@@ -106,11 +92,6 @@ class EngineResponse:
     def _end(self) -> None:
         self._eof = True
         self._conn = None
-        if self._sink is not None:
-            if self._chunks:
-                self._deliver()
-            if self._sink is not None:
-                self._sink.end(None)
         self._wake()
         callbacks, self._eof_callbacks = self._eof_callbacks, []
         for callback in callbacks:
@@ -124,51 +105,7 @@ class EngineResponse:
         if self._eof:
             return
         self._exc = exc
-        if self._sink is not None:
-            self._sink.end(exc)
         self._wake()
-
-    # ---- handed to a sink ----------------------------------------------------------------------------------------
-
-    def consume(self, sink: BodySink | None) -> None:
-        """Hand the body to `sink` as it arrives instead of waiting for reads: `sink.data(bytes)` once per read from
-        the socket with everything that read brought (and at once with what is already buffered), then
-        `sink.end(None)` at the end of the body or `sink.end(exc)` when it fails. Both run inside the connection's
-        callbacks, so a relay needs no task wake-up per chunk. `consume(None)` goes back to reads."""
-        self._sink = sink
-        if sink is None:
-            return
-        if self._chunks:
-            self._deliver()
-        if self._sink is not sink:
-            return
-        if self._eof:
-            sink.end(None)
-        elif self._exc is not None:
-            sink.end(self._exc)
-
-    def _deliver(self) -> None:
-        data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
-        self._chunks.clear()
-        self._size = 0
-        sink = self._sink
-        try:
-            sink.data(data)  # type: ignore[union-attr]
-        except Exception:  # a sink handles its own errors; one that did not must not break the connection's loop
-            log.exception("response body sink failed")
-            self._sink = None
-            self.close()
-
-    def pause_reading(self) -> None:
-        """Stop reading from the engine (a sink's consumer is slower); `resume_reading` goes on."""
-        if not self._paused and self._conn is not None:
-            self._paused = True
-            self._conn.pause()
-
-    def resume_reading(self) -> None:
-        if self._paused and self._conn is not None:
-            self._paused = False
-            self._conn.resume()
 
     def _wake(self) -> None:
         waiter = self._waiter

@@ -3,7 +3,6 @@ decode's answer without kv_transfer_params, and record what decode retained for 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -247,20 +246,34 @@ class Forwarder:
     # ---- streaming -----------------------------------------------------------------------------------------------
 
     async def _relay_stream(self, request: Request, turn: Turn, engine: Engine, resp: EngineResponse) -> None:
+        reader = legs.ChunkReader(resp, self.r.config.timeouts.decode_idle_seconds)
         relay = _StreamRelay(ReplyCollector(turn.route) if turn.key else None)
-        pump = _StreamPump(self, request, turn, relay, resp, self.r.config.timeouts.decode_idle_seconds)
         try:
-            await self._relay_events(request, turn, engine, pump, relay)
+            await self._relay_events(request, turn, engine, reader, relay)
         finally:
-            pump.close()
-            # The end of decode's chunked body usually comes just after [DONE]: the connection then goes back to the
-            # pool for the next leg, without holding up this handler (the client has its answer already).
-            legs.finish_response(resp, _END_OF_BODY_SECONDS if relay.finished else 0)
+            reader.close()
+        # The end of decode's chunked body usually comes just after [DONE]: the connection then goes back to the pool
+        # for the next leg, without holding up this handler (the client has its answer already).
+        reader.finish(resp, _END_OF_BODY_SECONDS if relay.finished else 0)
 
-    async def _relay_events(self, request: Request, turn: Turn, engine: Engine, pump: _StreamPump,
+    async def _relay_events(self, request: Request, turn: Turn, engine: Engine, reader: legs.ChunkReader,
                             relay: _StreamRelay) -> None:
+        parser = SSEParser()
         try:
-            await pump.done
+            # Whatever arrived since the last read goes out in one write.
+            while chunk := await reader.read():
+                batch = relay.take_plain(parser, chunk)
+                if batch is None:
+                    batch = relay.take(parser.feed(chunk))
+                if batch:
+                    self._send(request, turn, batch)
+                    await request.drain()
+                if relay.finished:
+                    break
+            else:
+                batch = relay.take(parser.close())  # an unterminated last event still counts
+                if batch:
+                    self._send(request, turn, batch)
         except LegFailure as failure:
             if not request.started:
                 raise
@@ -301,106 +314,6 @@ class Forwarder:
         self.r.metrics.e2e.labels(turn.route, "true").observe(time.perf_counter() - turn.started)
         request.write(sse_error_event(message, "server_error", 502))
         request.end()
-
-
-class _StreamPump:
-    """Decode's stream relayed from inside the engine connection's callbacks: each read from the engine is taken
-    through the relay and written to the client at once, with no task wake-up per chunk. `done` resolves when the
-    relay has seen [DONE] or the body ended (None), or with what went wrong: LegFailure (the engine broke or went
-    quiet), ValueError (an event too large), ClientGone.
-
-    A client slower than decode pauses reading from the engine until it has taken what was written; a gap longer than
-    the idle timeout while waiting on decode (not on the client) is a TIMEOUT."""
-
-    def __init__(self, forwarder: Forwarder, request: Request, turn: Turn, relay: _StreamRelay, resp: EngineResponse,
-                 idle_seconds: float):
-        self._fwd = forwarder
-        self._request = request
-        self._turn = turn
-        self._relay = relay
-        self._resp: EngineResponse | None = resp
-        self._parser = SSEParser()
-        self._loop = asyncio.get_running_loop()
-        self.done: asyncio.Future[None] = self._loop.create_future()
-        self._idle = idle_seconds
-        self._last = self._loop.time()
-        self._waiting_on_client = False
-        self._timer: asyncio.TimerHandle | None = self._loop.call_at(self._last + idle_seconds, self._check)
-        resp.consume(self)
-
-    def data(self, chunk: bytes) -> None:
-        if self.done.done():
-            return
-        self._last = self._loop.time()
-        relay = self._relay
-        try:
-            batch = relay.take_plain(self._parser, chunk)
-            if batch is None:
-                batch = relay.take(self._parser.feed(chunk))
-            if batch:
-                self._fwd._send(self._request, self._turn, batch)
-                if self._request.paused and not relay.finished:
-                    self._wait_for_client()
-        except Exception as exc:  # ValueError (event too large), ClientGone
-            self._finish(exc)
-            return
-        if relay.finished:
-            self._finish(None)
-
-    def end(self, exc: BaseException | None) -> None:
-        if self.done.done():
-            return
-        if exc is not None:
-            self._finish(LegFailure(legs.BROKEN, f"{type(exc).__name__}: {exc}"))
-            return
-        try:
-            batch = self._relay.take(self._parser.close())  # an unterminated last event still counts
-            if batch:
-                self._fwd._send(self._request, self._turn, batch)
-        except Exception as exc:
-            self._finish(exc)
-            return
-        self._finish(None)
-
-    def _wait_for_client(self) -> None:
-        if self._resp is None or self._waiting_on_client:
-            return
-        self._waiting_on_client = True
-        self._resp.pause_reading()
-        self._request.when_writable(self._client_ready)
-
-    def _client_ready(self) -> None:
-        self._waiting_on_client = False
-        self._last = self._loop.time()  # time spent on the client does not count against decode
-        if self._resp is not None:
-            self._resp.resume_reading()
-
-    def _check(self) -> None:
-        now = self._loop.time()
-        if self._waiting_on_client or now < self._last + self._idle:
-            self._timer = self._loop.call_at(max(now, self._last) + self._idle, self._check)
-            return
-        self._timer = None
-        self._finish(LegFailure(legs.TIMEOUT, f"no data for {self._idle:g}s"))
-
-    def _finish(self, exc: BaseException | None) -> None:
-        self.close()
-        if not self.done.done():
-            if exc is None:
-                self.done.set_result(None)
-            else:
-                self.done.set_exception(exc)
-
-    def close(self) -> None:
-        """Stop taking the body (what follows stays with the response, to be read to its end or closed)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        resp, self._resp = self._resp, None
-        if resp is not None:
-            resp.consume(None)
-            if self._waiting_on_client:
-                resp.resume_reading()
 
 
 class _StreamRelay:

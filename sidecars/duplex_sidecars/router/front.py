@@ -150,15 +150,6 @@ class Request:
         """Wait while the client is slower than the response (a no-op unless its buffer is over the high water)."""
         await self._conn.drain()
 
-    @property
-    def paused(self) -> bool:
-        """The client is not taking what was written fast enough (its buffer is over the high water)."""
-        return self._conn._paused_write
-
-    def when_writable(self, callback: Callable[[], Any]) -> None:
-        """Call `callback` once the client takes data again, or has gone (now, if it is not paused)."""
-        self._conn.when_writable(callback)
-
 
 class Limits:
     """What the server enforces before a handler runs; `max_body` is read per request (it can change on reload)."""
@@ -189,7 +180,6 @@ class _Connection(asyncio.Protocol):
         self._discard = 0  # >0: an early answer went out; the rest of this body is read and dropped
         self._paused_write = False
         self._drain: asyncio.Future[None] | None = None
-        self._writable: list[Callable[[], Any]] = []
         self._paused_read = False
         self._idle: asyncio.TimerHandle | None = None
         self._active = 0.0  # loop time of the last data from the client
@@ -216,7 +206,6 @@ class _Connection(asyncio.Protocol):
             self._idle.cancel()
             self._idle = None
         self._wake_drain(ClientGone())
-        self._call_writable()
 
     def data_received(self, data: bytes) -> None:
         if self.closed or self._last:
@@ -256,21 +245,6 @@ class _Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._paused_write = False
         self._wake_drain(None)
-        self._call_writable()
-
-    def when_writable(self, callback: Callable[[], Any]) -> None:
-        if not self._paused_write or self.closed:
-            callback()
-        else:
-            self._writable.append(callback)
-
-    def _call_writable(self) -> None:
-        callbacks, self._writable = self._writable, []
-        for callback in callbacks:
-            try:
-                callback()
-            except Exception:
-                log.exception("writable callback failed")
 
     def eof_received(self) -> bool:
         return False  # the transport closes; a running handler finds out on its next write

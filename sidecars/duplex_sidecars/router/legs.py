@@ -184,27 +184,22 @@ class ChunkReader:
             self._waiting = False
 
     def finish(self, resp: EngineResponse, end_within: float) -> None:
-        """Done reading `resp`: see `finish_response`."""
+        """Done reading `resp`: its connection goes back to the pool once the body has ended, which for a stream
+        usually happens just after its last event; a body that broke, or has not ended within `end_within` seconds,
+        is closed instead."""
         self.close()
-        finish_response(resp, end_within)
+        if resp.is_eof():
+            resp.release()
+        elif end_within <= 0 or resp.exception() is not None:
+            resp.close()
+        else:
+            closer = self._loop.call_later(end_within, resp.close)
+            resp.on_eof(closer.cancel)
 
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-
-
-def finish_response(resp: EngineResponse, end_within: float) -> None:
-    """Done with `resp`: its connection goes back to the pool once the body has ended, which for a stream usually
-    happens just after its last event; a body that broke, or has not ended within `end_within` seconds, is closed
-    instead."""
-    if resp.is_eof():
-        resp.release()
-    elif end_within <= 0 or resp.exception() is not None:
-        resp.close()
-    else:
-        closer = asyncio.get_running_loop().call_later(end_within, resp.close)
-        resp.on_eof(closer.cancel)
 
 
 async def read_body(resp: EngineResponse, idle_seconds: float) -> bytes:
