@@ -102,12 +102,7 @@ class DuplexRouter(_HttpRouter):
         self.process.wait_ready(60)
 
     def stop(self) -> None:
-        clean = self.process.stop() == 0
-        with contextlib.suppress(OSError):
-            if clean:
-                os.remove(self.process.log_path)  # keep the log only when something went wrong
-            if self.process.config_path:
-                os.remove(self.process.config_path)
+        self.process.stop()  # its log stays only when it did not exit cleanly
 
 
 class VllmRouter(_HttpRouter):

@@ -12,6 +12,7 @@ ports (for tests and benchmarks).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -46,6 +47,7 @@ class RouterProcess:
         fd, self.log_path = tempfile.mkstemp(prefix="duplex-router-", suffix=".log")
         os.close(fd)
         self.config_path: str | None = None
+        self._own_config = isinstance(config, dict)
         if isinstance(config, dict):
             fd, self.config_path = tempfile.mkstemp(prefix="duplex-router-", suffix=".json")
             with os.fdopen(fd, "w") as f:
@@ -94,7 +96,15 @@ class RouterProcess:
         return self
 
     def stop(self, timeout: float = 10.0) -> int | None:
-        return processes.stop(self.process, timeout)
+        """Stop the router; its temporary files go with it, except the log of a router that did not exit cleanly."""
+        code = processes.stop(self.process, timeout)
+        if self._own_config and self.config_path:
+            with contextlib.suppress(OSError):
+                os.remove(self.config_path)
+        if code == 0:
+            with contextlib.suppress(OSError):
+                os.remove(self.log_path)
+        return code
 
     def log_tail(self, lines: int = 40) -> str:
         return processes.log_tail(self.log_path, lines)
