@@ -1,7 +1,7 @@
 """Router benchmark: duplex's router against the floor (no router) and the vLLM project's Rust router on the same
 simulated engines (zero compute delay), plus the memory and lookup cost of the router's conversation store.
 
-    python bench/router_bench.py            # the full run (~10 min on 2 cores); writes bench/results/router-<date>.*
+    python bench/router_bench.py            # the full run (~15 min on 2 cores); writes bench/results/router-<date>.*
     python bench/router_bench.py --quick    # a short smoke run; writes bench/results/router-<date>-quick.*
 
 See docs/benchmarks.md for what is measured and how to read the numbers.
