@@ -20,6 +20,7 @@ import zlib
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable
+from itertools import accumulate, chain
 from typing import Any, Protocol
 
 import numpy as np
@@ -52,6 +53,12 @@ _IDS_KEY = "remote_block_ids"
 _ID_LIMIT = 2**31  # ids in [0, 2**31) have int32 deltas
 _ORJSON, _STDJSON = b"o", b"j"
 _INTEGER_LISTS = b"0123456789,[]"
+# Short lists (a few turns of history) are packed and unpacked without numpy, whose per-call cost dominates them, and
+# small payloads are kept uncompressed behind a tag byte (a zlib stream starts with 0x78): setting up deflate costs
+# more than a few hundred bytes are worth.
+_SMALL_IDS = 48
+_RAW = b"\x00"
+_COMPRESS_FROM = 512
 
 
 def _dump(value: Any) -> bytes:
@@ -93,20 +100,26 @@ def _pack_block_ids(block_ids: Any) -> tuple[int | list[int], bytes] | None:
             flat.fromlist(group)
     except (TypeError, OverflowError):
         return None
+    shape = [len(g) for g in groups] if grouped else len(block_ids)
+    if len(flat) <= _SMALL_IDS:
+        if flat and max(flat) >= _ID_LIMIT:
+            return None
+        small = array("i", [b - a for a, b in zip(chain((0,), flat), flat)])  # |delta| < 2**31: int32 holds it
+        return shape, small.tobytes()
     ids = np.frombuffer(flat, dtype=np.uint32)
-    if ids.size and int(ids.max()) >= _ID_LIMIT:
+    if int(ids.max()) >= _ID_LIMIT:
         return None
     ids = ids.view(np.int32)
     deltas = np.empty_like(ids)
     deltas[:1] = ids[:1]
     np.subtract(ids[1:], ids[:-1], out=deltas[1:])
-    return ([len(g) for g in groups] if grouped else len(block_ids)), deltas.tobytes()
+    return shape, deltas.tobytes()
 
 
 def pack_params(params: dict[str, Any]) -> bytes:
-    """decode's params as one zlib stream: a 4-byte length, the block-id deltas, then JSON of
-    [position of remote_block_ids among the keys, their shape, the other params] (shape null: nothing was packed and
-    the params are all in the JSON)."""
+    """decode's params as one blob: a 4-byte length, the block-id deltas, then JSON of [position of remote_block_ids
+    among the keys, their shape, the other params] (shape null: nothing was packed and the params are all in the
+    JSON); zlib-compressed, or behind a zero byte when that is under `_COMPRESS_FROM` bytes."""
     packed = _pack_block_ids(params[_IDS_KEY]) if _IDS_KEY in params else None
     if packed is None:
         head, deltas = [None, None, params], b""
@@ -114,19 +127,27 @@ def pack_params(params: dict[str, Any]) -> bytes:
         shape, deltas = packed
         rest = {k: v for k, v in params.items() if k != _IDS_KEY}
         head = [list(params).index(_IDS_KEY), shape, rest]
-    return zlib.compress(len(deltas).to_bytes(4, "little") + deltas + _dump(head), 1)
+    payload = len(deltas).to_bytes(4, "little") + deltas + _dump(head)
+    return _RAW + payload if len(payload) < _COMPRESS_FROM else zlib.compress(payload, 1)
 
 
 def unpack_params(blob: bytes) -> dict[str, Any]:
     """The params `pack_params` packed, equal to them (same keys in the same order, same types and values)."""
     try:
-        raw = zlib.decompress(blob)
+        raw = blob[1:] if blob[:1] == _RAW else zlib.decompress(blob)
         size = int.from_bytes(raw[:4], "little")
         position, shape, params = _load(memoryview(raw)[4 + size:])
         if shape is None:
             return params
         # Partial sums of the deltas are the ids themselves, so int32 cannot overflow.
-        ids = np.cumsum(np.frombuffer(raw, dtype=np.int32, count=size // 4, offset=4), dtype=np.int32).tolist()
+        if size % 4 or 4 + size > len(raw):
+            raise ValueError(f"{size} bytes of block-id deltas")
+        if size // 4 <= _SMALL_IDS:
+            deltas = array("i")
+            deltas.frombytes(raw[4:4 + size])
+            ids = list(accumulate(deltas))
+        else:
+            ids = np.cumsum(np.frombuffer(raw, dtype=np.int32, count=size // 4, offset=4), dtype=np.int32).tolist()
         if (shape if isinstance(shape, int) else sum(shape)) != len(ids):
             raise ValueError(f"{len(ids)} block ids for shape {shape}")
         if isinstance(shape, int):

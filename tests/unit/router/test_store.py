@@ -216,7 +216,9 @@ def test_undecodable_redis_values_are_store_errors(raw):
 
 
 @pytest.mark.parametrize("blob", [b"", b"not zlib", zlib.compress(b"\x08\x00\x00\x00\x01\x00"),
-                                  zlib.compress(b"\x04\x00\x00\x00\x01\x00\x00\x00o[0,[2],{}]")])
+                                  zlib.compress(b"\x04\x00\x00\x00\x01\x00\x00\x00o[0,[2],{}]"),
+                                  b"\x00", b"\x00\x08\x00\x00\x00\x01\x00", b"\x00\x03\x00\x00\x00\x01\x00\x00o[0,1,{}]",
+                                  b"\x00\x04\x00\x00\x00\x01\x00\x00\x00o[0,[2],{}]"])
 def test_undecodable_params_are_store_errors(blob):
     with pytest.raises(StoreError):
         _ = Entry(D1, blob=blob).params
@@ -293,6 +295,18 @@ def test_entries_round_trip_through_redis_bytes(block_ids, groups, url, expires_
               scope="s" * 64, expires_at=expires_at or 0.0)
     back = Entry.from_bytes(e.to_bytes())
     assert back == e and same(back.params, decode_reply(block_ids, groups))
+
+
+def test_short_lists_and_small_payloads_take_the_light_path_and_long_ones_the_compact_one():
+    short = decode_reply(list(range(100, 140)))
+    blob = pack_params(short)
+    assert blob[:1] == b"\x00" and same(unpack_params(blob), short)  # no zlib, no numpy
+    rng = random.Random(5)
+    for n in (47, 48, 49, 70, 300):  # around the numpy threshold; past 512 payload bytes (~57 ids here), zlib
+        p = decode_reply(rng.sample(range(131072), n))
+        blob = pack_params(p)
+        assert blob[:1] == (b"\x00" if n < 50 else b"\x78"), n
+        assert same(unpack_params(blob), p)
 
 
 def test_a_long_history_packs_small():
