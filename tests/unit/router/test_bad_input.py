@@ -109,3 +109,46 @@ async def test_a_flood_of_bad_requests_leaves_nothing_behind(make_rig):
     assert all(e.inflight == 0 for e in rig.router.engines.prefill.engines.values())
     status, _, _ = await rig.chat([USER])
     assert status == 200
+
+
+async def test_a_flood_of_broken_http_leaves_no_connection_or_task_behind(make_rig):
+    # Garbage, heads too large, upgrades, bodies over the limit, clients that vanish mid-request or mid-body: each
+    # connection is answered or cut, and the server holds nothing once its clients are gone.
+    rig = await make_rig(max_body_bytes=4096)
+    host, port = rig.url.removeprefix("http://").split(":")
+    body = json.dumps({"model": "m", "messages": [USER]}).encode()
+    sends = [
+        b"NOT HTTP AT ALL\r\n\r\n",
+        b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 999999\r\n\r\n" + b"x" * 5000,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",  # vanishes mid-body
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Le",  # vanishes mid-head
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body),
+    ]
+
+    async def one(i: int) -> bytes:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(sends[i % len(sends)])
+        try:
+            if i % len(sends) in (4, 5):
+                return b""  # leaves without waiting
+            return await asyncio.wait_for(reader.read(200), 5)
+        finally:
+            writer.close()
+
+    for start in range(0, 700, 70):
+        answers = await asyncio.gather(*(one(i) for i in range(start, start + 70)))
+        for i, answer in enumerate(answers, start):
+            kind = i % len(sends)
+            if kind in (0, 1, 2, 3, 6):
+                expected = {0: b"400", 1: b"431", 2: b"200", 3: b"413", 6: b"200"}[kind]
+                assert answer.startswith(b"HTTP/1.1 " + expected), (kind, answer[:60])
+    front = rig.server.server
+    assert front is not None
+    for _ in range(100):
+        if not front._conns and not front._tasks:
+            break
+        await asyncio.sleep(0.02)
+    assert not front._conns and not front._tasks
+    assert all(e.inflight == 0 for e in rig.router.engines.prefill.engines.values())
