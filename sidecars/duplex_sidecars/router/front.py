@@ -37,6 +37,12 @@ _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _date_cache: list[Any] = [0, b""]
 
 
+def _status_head(status: int) -> bytes:
+    """A response's status line and the headers every response carries."""
+    return b"HTTP/1.1 %d %s\r\nDate: %s\r\nServer: duplex-router\r\n" % (
+        status, _REASONS.get(status, b"Unknown"), _date())
+
+
 def _date() -> bytes:
     now = int(time.time())
     if now != _date_cache[0]:
@@ -77,8 +83,7 @@ class Request:
     # ---- responses -----------------------------------------------------------------------------------------------
 
     def _head(self, status: int, headers: dict[str, str] | None, framing: bytes) -> bytearray:
-        out = bytearray(b"HTTP/1.1 %d %s\r\nDate: %s\r\nServer: duplex-router\r\n" % (
-            status, _REASONS.get(status, b"Unknown"), _date()))
+        out = bytearray(_status_head(status))
         if headers:
             for name, value in headers.items():
                 if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
@@ -445,9 +450,8 @@ class FrontServer:
     def error_bytes(self, status: int, message: str) -> bytes:
         """A whole error response, with Connection: close."""
         body = self.error_body(status, message)
-        return (b"HTTP/1.1 %d %s\r\nDate: %s\r\nServer: duplex-router\r\nContent-Type: application/json\r\n"
-                b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (
-                    status, _REASONS.get(status, b"Unknown"), _date(), len(body), body))
+        framing = b"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+        return _status_head(status) + framing + body
 
     async def start(self, host: str, port: int, backlog: int = 1024) -> None:
         loop = self._loop = asyncio.get_running_loop()

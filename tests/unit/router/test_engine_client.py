@@ -19,11 +19,13 @@ import pytest
 from duplex_sidecars.router import engine_client as ec
 from duplex_sidecars.router.engine_client import EngineClient, EngineConnectError, EngineDisconnected, EngineResponse
 
+from .rawhttp import HeaderLookup
+
 # ---- a scripted server ------------------------------------------------------------------------------------------
 
 
 @dataclass
-class Request:
+class Request(HeaderLookup):
     """A request as the server read it off the wire."""
 
     line: str
@@ -43,13 +45,6 @@ class Request:
     def version(self) -> str:
         return self.line.split(" ")[2]
 
-    def values(self, name: str) -> list[str]:
-        return [v for k, v in self.headers if k.lower() == name.lower()]
-
-    def header(self, name: str) -> str | None:
-        found = self.values(name)
-        assert len(found) <= 1, f"{name} sent {len(found)} times: {found}"
-        return found[0] if found else None
 
 
 class Peer:

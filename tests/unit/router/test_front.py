@@ -25,6 +25,8 @@ from duplex_sidecars.router.front import (
     Request,
 )
 
+from .rawhttp import HeaderLookup
+
 # ---- a server and raw clients -----------------------------------------------------------------------------------
 
 
@@ -53,20 +55,13 @@ async def make_server() -> AsyncIterator[ServerFactory]:
 
 
 @dataclass
-class Reply:
+class Reply(HeaderLookup):
     status: int
     reason: str
     headers: list[tuple[str, str]]
     body: bytes
     chunks: list[bytes] | None  # the chunks as framed, for a chunked body
 
-    def values(self, name: str) -> list[str]:
-        return [v for k, v in self.headers if k.lower() == name.lower()]
-
-    def header(self, name: str) -> str | None:
-        found = self.values(name)
-        assert len(found) <= 1, f"{name} sent {len(found)} times: {found}"
-        return found[0] if found else None
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -167,6 +162,17 @@ def describe(request: Request) -> bytes:
         "method": request.method, "path": request.path, "query": request.query, "headers": request.headers,
         "body": request.body.decode("latin-1"), "http11": request.http11, "keep_alive": request.keep_alive,
     }).encode()
+
+
+class Recording:
+    """A handler that answers 200 with an empty body and records the paths it was called for."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def __call__(self, request: Request) -> None:
+        self.calls.append(request.path)
+        request.respond(200, b"")
 
 
 async def echo(request: Request) -> None:
@@ -448,12 +454,7 @@ async def test_body_exactly_at_the_limit_is_accepted(make_server, connect, frami
 
 
 async def test_content_length_over_the_limit_is_answered_413_before_the_body(make_server, connect):
-    calls: list[str] = []
-
-    async def handler(request: Request) -> None:
-        calls.append(request.path)
-        request.respond(200, b"")
-
+    handler = Recording()
     server = await make_server(handler)
     client = await connect(server)
     await client.send(get("/big", b"Content-Length: 1001", method=b"POST"))  # headers only
@@ -465,7 +466,7 @@ async def test_content_length_over_the_limit_is_answered_413_before_the_body(mak
     assert "1001" in reply.json()["error"]["message"]
     await client.send(b"x" * 1001)  # the body, sent after the answer, is read and dropped
     assert await client.closed()
-    assert calls == []
+    assert handler.calls == []
 
 
 async def test_413_is_sent_instead_of_100_continue(make_server, connect):
@@ -479,12 +480,7 @@ async def test_413_is_sent_instead_of_100_continue(make_server, connect):
 
 
 async def test_chunked_body_over_the_limit_is_answered_413(make_server, connect):
-    calls: list[str] = []
-
-    async def handler(request: Request) -> None:
-        calls.append(request.path)
-        request.respond(200, b"")
-
+    handler = Recording()
     server = await make_server(handler)
     client = await connect(server)
     await client.send(get("/", b"Transfer-Encoding: chunked", method=b"POST")
@@ -495,7 +491,7 @@ async def test_chunked_body_over_the_limit_is_answered_413(make_server, connect)
     assert reply.json()["error"]["status"] == 413
     await client.send(chunked(b"c" * 10))  # the rest of the body and its end
     assert await client.closed()
-    assert calls == []
+    assert handler.calls == []
 
 
 async def test_oversized_pipelined_body_is_answered_413_in_turn(make_server, connect):
@@ -598,54 +594,29 @@ async def test_100_continue_for_a_pipelined_request_waits_for_the_response_befor
 # ---- malformed requests -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("garbage", [
-    pytest.param(b"THIS IS NOT HTTP\r\n\r\n", id="request-line"),
-    pytest.param(b"GET / HTTP/1.1\r\nNo colon here\r\n\r\n", id="header-line"),
-    pytest.param(b"GET / HTTP/9.9\r\n\r\n", id="version"),
+@pytest.mark.parametrize("request_bytes, status", [
+    pytest.param(b"THIS IS NOT HTTP\r\n\r\n", 400, id="request-line"),
+    pytest.param(b"GET / HTTP/1.1\r\nNo colon here\r\n\r\n", 400, id="header-line"),
+    pytest.param(b"GET / HTTP/9.9\r\n\r\n", 400, id="version"),
     pytest.param(b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
-                 id="length-and-chunked"),
-    pytest.param(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n", id="chunk-size"),
-])
-async def test_malformed_request_is_answered_400_then_closed(make_server, connect, garbage):
-    calls: list[str] = []
-
-    async def handler(request: Request) -> None:
-        calls.append(request.path)
-        request.respond(200, b"")
-
-    server = await make_server(handler)
-    client = await connect(server)
-    await client.send(garbage)
-    reply = await client.reply()
-    assert reply.status == 400
-    assert reply.header("Connection") == "close"
-    assert reply.json()["error"]["status"] == 400
-    assert await client.closed()
-    assert calls == []
-
-
-@pytest.mark.parametrize("request_bytes", [
-    pytest.param(b"GET /" + b"u" * MAX_HEAD_BYTES + b" HTTP/1.1\r\n\r\n", id="url"),
-    pytest.param(b"GET / HTTP/1.1\r\nX-Big: " + b"v" * MAX_HEAD_BYTES + b"\r\n\r\n", id="one-header"),
+                 400, id="length-and-chunked"),
+    pytest.param(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n", 400, id="chunk-size"),
+    pytest.param(b"GET /" + b"u" * MAX_HEAD_BYTES + b" HTTP/1.1\r\n\r\n", 431, id="head-over-limit-url"),
+    pytest.param(b"GET / HTTP/1.1\r\nX-Big: " + b"v" * MAX_HEAD_BYTES + b"\r\n\r\n", 431, id="head-over-limit-one-header"),
     pytest.param(b"GET / HTTP/1.1\r\n" + b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 40) for i in range(1700)) + b"\r\n",
-                 id="many-headers"),
+                 431, id="head-over-limit-many-headers"),
 ])
-async def test_head_over_the_limit_is_answered_431_then_closed(make_server, connect, request_bytes):
-    calls: list[str] = []
-
-    async def handler(request: Request) -> None:
-        calls.append(request.path)
-        request.respond(200, b"")
-
+async def test_malformed_or_oversized_head_is_answered_then_closed(make_server, connect, request_bytes, status):
+    handler = Recording()
     server = await make_server(handler)
     client = await connect(server)
     await client.send(request_bytes)
     reply = await client.reply()
-    assert reply.status == 431
+    assert reply.status == status
     assert reply.header("Connection") == "close"
-    assert reply.json()["error"]["status"] == 431
+    assert reply.json()["error"]["status"] == status
     assert await client.closed()
-    assert calls == []
+    assert handler.calls == []
 
 
 async def test_head_just_under_the_limit_is_served(make_server, connect):
