@@ -14,9 +14,8 @@ import gc
 import logging
 import signal
 import sys
-from collections.abc import Coroutine
-from typing import Any
 
+from duplex_sidecars.event_loop import run_loop
 from duplex_sidecars.router.app import Router, serve, shutdown
 from duplex_sidecars.router.config_file import ConfigError, ConfigSource, flag_overrides
 
@@ -60,16 +59,6 @@ async def _serve(router: Router) -> None:
     finally:
         log.info("router shutting down")
         await shutdown(server, router)
-
-
-def run_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run `main` on uvloop when it is installed (a faster event loop and transports), else on asyncio's own loop."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-        return
-    uvloop.run(main)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ import uuid
 
 from aiohttp import web
 
+from duplex_sidecars.event_loop import run_loop
 from duplex_sidecars.sim.config import SimConfig
 from duplex_sidecars.sim.cost import CostModel
 
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     from duplex_sidecars.sim.nixl_transport import NixlUnavailable
 
     try:
-        asyncio.run(serve(cfg))
+        run_loop(serve(cfg))
     except NixlUnavailable as e:
         print(f"duplex sim: {e}", file=sys.stderr)
         return 1

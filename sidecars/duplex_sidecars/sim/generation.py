@@ -11,6 +11,8 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from duplex_sidecars.sim.tokenizer import EOS, token_id
 
 _SYLLABLES = ("ka", "lo", "mi", "nu", "pe", "ri", "so", "ta", "ve", "zu", "bo", "da", "fi", "gu", "ho", "je")
@@ -28,7 +30,7 @@ MAX_NATURAL_LEN = 64
 
 def _seed(prompt: Sequence[int]) -> bytes:
     h = hashlib.blake2b(digest_size=16, person=b"duplex-sim-gen")
-    h.update(b"".join(t.to_bytes(4, "little") for t in prompt))
+    h.update(np.asarray(prompt, dtype="<u4").tobytes())
     return h.digest()
 
 

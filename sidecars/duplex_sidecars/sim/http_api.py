@@ -6,12 +6,12 @@ with `finish_reason`), as vLLM does with PR #40186.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from contextlib import aclosing
 from typing import Any
 
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -36,8 +36,9 @@ def _error(status: int, message: str, type_: str) -> web.Response:
     return web.json_response({"error": {"message": message, "type": type_, "param": None, "code": status}}, status=status)
 
 
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"))
+def _event(obj: Any) -> bytes:
+    """One SSE event, its JSON compact and UTF-8 as vLLM writes it (pydantic's JSON escapes no non-ASCII)."""
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
@@ -183,7 +184,7 @@ class OpenAIApi:
         await resp.prepare(request)
 
         async def send(obj: Any) -> None:
-            await resp.write(f"data: {_dumps(obj)}\n\n".encode())
+            await resp.write(_event(obj))
 
         if reply.chat:
             await send(reply.chunk({"role": "assistant", "content": ""}, None))

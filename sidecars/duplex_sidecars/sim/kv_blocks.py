@@ -8,6 +8,7 @@ token, i.e. of the whole prefix it covers.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections import OrderedDict
@@ -24,13 +25,46 @@ def token_chain(tokens: Sequence[int], model: str = "sim", prev: bytes | None = 
 
     `prev` continues a chain: pass the last row (as bytes) of the chain of the tokens before these.
     """
-    out = np.empty((len(tokens), DIGEST_BYTES), dtype=np.uint8)
     if prev is None:
-        prev = hashlib.blake2b(model.encode(), digest_size=DIGEST_BYTES, person=b"duplex-sim-kv").digest()
-    for i, tok in enumerate(tokens):
-        prev = hashlib.blake2b(prev + tok.to_bytes(4, "little"), digest_size=DIGEST_BYTES).digest()
-        out[i] = np.frombuffer(prev, dtype=np.uint8)
-    return out
+        prev = _chain_root(model)
+    n = len(tokens)
+    pieces = []
+    whole = n - n % _MEMO_RUN
+    for start in range(0, whole, _MEMO_RUN):
+        run = tuple(tokens[start:start + _MEMO_RUN])
+        key = (prev, run)
+        rows = _memo.get(key)
+        if rows is None:
+            rows = _memo[key] = _extend(prev, run)
+            if len(_memo) > _MEMO_RUNS:
+                _memo.popitem(last=False)
+        pieces.append(rows)
+        prev = rows[-DIGEST_BYTES:]
+    if whole < n:
+        pieces.append(_extend(prev, tokens[whole:]))
+    return np.frombuffer(bytearray(b"".join(pieces)), dtype=np.uint8).reshape(n, DIGEST_BYTES)
+
+
+# The chain is a pure function, and every turn of a conversation hashes the same history again: runs of tokens are
+# remembered by (the row before them, their tokens), oldest forgotten first (about 10 MB when full).
+_MEMO_RUN = 16
+_MEMO_RUNS = 1 << 14
+_memo: OrderedDict[tuple[bytes, tuple[int, ...]], bytes] = OrderedDict()
+
+
+@functools.lru_cache(maxsize=64)
+def _chain_root(model: str) -> bytes:
+    return hashlib.blake2b(model.encode(), digest_size=DIGEST_BYTES, person=b"duplex-sim-kv").digest()
+
+
+def _extend(prev: bytes, tokens: Sequence[int]) -> bytes:
+    """The chain rows of `tokens` after the row `prev`, concatenated."""
+    blake2b = hashlib.blake2b
+    rows = []
+    for tok in tokens:
+        prev = blake2b(prev + tok.to_bytes(4, "little"), digest_size=DIGEST_BYTES).digest()
+        rows.append(prev)
+    return b"".join(rows)
 
 
 def block_hashes(chain: np.ndarray, block_size: int) -> list[bytes]:

@@ -32,13 +32,14 @@ class RetainedBlocks:
     def __init__(self) -> None:
         self._entries: dict[str, Retained] = {}
         self._num_claimed = 0  # counted, not summed: the owner asks after every note check
+        self._num_blocks = 0  # likewise: asked after every request
 
     def __len__(self) -> int:
         return len(self._entries)
 
     @property
     def num_blocks(self) -> int:
-        return sum(len(e.block_ids) for e in self._entries.values())
+        return self._num_blocks
 
     def is_claimed(self, request_id: str) -> bool:
         entry = self._entries.get(request_id)
@@ -49,7 +50,9 @@ class RetainedBlocks:
         return self._num_claimed
 
     def retain(self, request_id: str, block_ids: Sequence[int], num_tokens: int, deadline: float) -> None:
+        self.release(request_id)  # a request id retained again replaces its entry
         self._entries[request_id] = Retained(list(block_ids), num_tokens, deadline)
+        self._num_blocks += len(block_ids)
 
     def claim(self, request_id: str, block_ids: Sequence[int], now: float, reader: str = "") -> Retained:
         """Reserve an entry for one reader, who may read only blocks the entry holds."""
@@ -72,6 +75,7 @@ class RetainedBlocks:
             return []
         del self._entries[request_id]
         self._num_claimed -= entry.claimed
+        self._num_blocks -= len(entry.block_ids)
         return entry.block_ids
 
     def expired(self, now: float) -> list[str]:

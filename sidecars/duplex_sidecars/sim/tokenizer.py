@@ -6,6 +6,7 @@ the token ids it was generated from, which keeps multi-turn prefixes stable the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 
@@ -29,8 +30,12 @@ _ID_SPACE = 2**31 - FIRST_WORD_ID
 # Specials first so that `<|im_end|>` is one token, then words, then single punctuation characters.
 _TOKEN_RE = re.compile(r"<\|[a-z_]+\|>|\w+|[^\w\s]")
 _SPECIAL_BY_ID = {v: k for k, v in SPECIAL_TOKENS.items()}
+# Histories are resent every turn: texts up to this size are tokenized once and then looked up, as fast as a real
+# (compiled) tokenizer, so that the simulator's own cost stays far below a router's.
+_CACHED_TEXT_CHARS = 16 * 1024
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def token_id(piece: str) -> int:
     """The stable id of one token string."""
     special = SPECIAL_TOKENS.get(piece)
@@ -47,7 +52,14 @@ def split(text: str) -> list[str]:
 
 def tokenize(text: str) -> list[int]:
     """The token ids of `text`."""
-    return [token_id(p) for p in split(text)]
+    if len(text) > _CACHED_TEXT_CHARS:
+        return [token_id(p) for p in split(text)]
+    return list(_tokenize_cached(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _tokenize_cached(text: str) -> tuple[int, ...]:
+    return tuple(token_id(p) for p in split(text))
 
 
 def special_name(tok: int) -> str | None:

@@ -102,3 +102,46 @@ def test_referenced_blocks_are_not_evicted_and_exhaustion_raises():
 def test_block_bytes_must_hold_whole_slots():
     with pytest.raises(ValueError):
         BlockPool(4, 16, 100)
+
+
+def _chain_by_definition(tokens, model="sim"):
+    """The chain computed straight from its definition, one blake2b per token, nothing remembered."""
+    import hashlib
+
+    prev = hashlib.blake2b(model.encode(), digest_size=16, person=b"duplex-sim-kv").digest()
+    rows = []
+    for tok in tokens:
+        prev = hashlib.blake2b(prev + tok.to_bytes(4, "little"), digest_size=16).digest()
+        rows.append(np.frombuffer(prev, dtype=np.uint8))
+    return np.array(rows, dtype=np.uint8).reshape(len(tokens), 16)
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 33, 100])
+def test_remembered_chain_runs_equal_the_definition(n):
+    tokens = [(i * 7919) % 50_000 + 256 for i in range(n)]
+    first, again = token_chain(tokens), token_chain(tokens)  # the second call is served from remembered runs
+    assert np.array_equal(first, _chain_by_definition(tokens)) and np.array_equal(again, first)
+    # A sequence that shares the first run but differs in the second must not pick up the remembered second run.
+    changed = tokens[:20] + [1] + tokens[21:]
+    assert np.array_equal(token_chain(changed), _chain_by_definition(changed))
+    # Nor one that differs only before it: a run's rows depend on everything before the run.
+    other_start = [1] * 16 + tokens[16:]
+    assert np.array_equal(token_chain(other_start), _chain_by_definition(other_start))
+    # Continuing from a remembered row still equals the whole chain; the rows are writable, as before.
+    if n > 17:
+        assert np.array_equal(token_chain(tokens[17:], prev=first[16].tobytes()), first[17:])
+    first[:] = 0
+    assert np.array_equal(token_chain(tokens), _chain_by_definition(tokens))
+
+
+def test_remembered_runs_are_bounded(monkeypatch):
+    from duplex_sidecars.sim import kv_blocks
+
+    monkeypatch.setattr(kv_blocks, "_MEMO_RUNS", 8)
+    kv_blocks._memo.clear()
+    for start in range(0, 40 * 16, 16):
+        token_chain(list(range(start, start + 16)), model="bounded")
+    assert len(kv_blocks._memo) == 8
+    tokens = list(range(3000, 3000 + 16 * 20))
+    assert np.array_equal(token_chain(tokens, model="bounded"), _chain_by_definition(tokens, "bounded"))
+    assert len(kv_blocks._memo) == 8

@@ -46,3 +46,18 @@ def test_a_read_note_releases_only_its_readers_claim():
     reg.retain("r2", [7], num_tokens=16, deadline=100.0)
     reg.claim("r2", [7], now=1.0)
     assert reg.release("r2") == [7] and reg.num_claimed == 0  # released unconditionally (failed READ, expiry)
+
+
+def test_retained_block_count_follows_retain_release_and_expiry():
+    reg = _reg()
+    reg.retain("r2", [7, 8], num_tokens=20, deadline=5.0)
+    assert reg.num_blocks == 5
+    reg.claim("r2", [7], now=1.0)
+    assert reg.release("r2", reader="someone-else") == [] and reg.num_blocks == 5
+    assert reg.release("r2") == [7, 8] and reg.num_blocks == 3
+    reg.retain("r3", [9], num_tokens=10, deadline=5.0)
+    for rid in reg.expired(now=50.0):
+        reg.release(rid)
+    assert reg.num_blocks == 3 and len(reg) == 1
+    reg.release("r1")
+    assert reg.num_blocks == 0 and reg.num_claimed == 0

@@ -79,3 +79,14 @@ def test_completion_text_continues_the_prompt(prompt, max_tokens):
     reply = generation.reply(ids, max_tokens)
     text = "".join(generation.completion_delta(t) for t in reply.tokens)
     assert tokenize(prompt + text) == ids + list(reply.visible)
+
+
+def test_remembered_tokenizations_are_copies_and_long_texts_agree():
+    from duplex_sidecars.sim import tokenizer
+
+    ids = tokenize("one two, three")
+    ids.append(12345)  # the caller owns what it gets
+    assert tokenize("one two, three") == [token_id("one"), token_id("two"), token_id(","), token_id("three")]
+    long = "word " * (tokenizer._CACHED_TEXT_CHARS // 5 + 10) + "end."
+    assert len(long) > tokenizer._CACHED_TEXT_CHARS
+    assert tokenize(long) == [token_id(p) for p in split(long)]
