@@ -46,7 +46,7 @@ def token_chain(tokens: Sequence[int], model: str = "sim", prev: bytes | None = 
 
 
 # The chain is a pure function, and every turn of a conversation hashes the same history again: runs of tokens are
-# remembered by (the row before them, their tokens), oldest forgotten first (about 10 MB when full).
+# remembered by (the row before them, their tokens), oldest forgotten first (about 21 MB when full).
 _MEMO_RUN = 16
 _MEMO_RUNS = 1 << 14
 _memo: OrderedDict[tuple[bytes, tuple[int, ...]], bytes] = OrderedDict()

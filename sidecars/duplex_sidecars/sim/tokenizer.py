@@ -32,7 +32,7 @@ _TOKEN_RE = re.compile(r"<\|[a-z_]+\|>|\w+|[^\w\s]")
 _SPECIAL_BY_ID = {v: k for k, v in SPECIAL_TOKENS.items()}
 # Histories are resent every turn: texts up to this size are tokenized once and then looked up, as fast as a real
 # (compiled) tokenizer, so that the simulator's own cost stays far below a router's.
-_CACHED_TEXT_CHARS = 16 * 1024
+_CACHED_TEXT_CHARS = 4096
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -57,7 +57,7 @@ def tokenize(text: str) -> list[int]:
     return list(_tokenize_cached(text))
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1024)  # with the id cache, ~32 MB when both are full
 def _tokenize_cached(text: str) -> tuple[int, ...]:
     return tuple(token_id(p) for p in split(text))
 
