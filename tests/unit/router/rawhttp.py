@@ -2,6 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
+
+
+async def until(condition: Callable[[], bool], timeout: float = 1.0) -> None:
+    """Wait for `condition` to hold; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.002)
+
 
 class HeaderLookup:
     """Case-insensitive lookup over a message's `headers`, a list of (name, value) as they were sent."""

@@ -19,7 +19,7 @@ import pytest
 from duplex_sidecars.router import engine_client as ec
 from duplex_sidecars.router.engine_client import EngineClient, EngineConnectError, EngineDisconnected, EngineResponse
 
-from .rawhttp import HeaderLookup
+from .rawhttp import HeaderLookup, until
 
 # ---- a scripted server ------------------------------------------------------------------------------------------
 
@@ -229,14 +229,6 @@ def keep_alive(respond: Callable[[Request], bytes]) -> Handler:
 async def post(client: EngineClient, server: Server, body: bytes = b"{}", path: str = "/v1/completions",
                headers: dict[str, str] | None = None) -> EngineResponse:
     return await client.post(server.base, path, body, headers or {}, 1.0)
-
-
-async def until(condition: Callable[[], bool], timeout: float = 1.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.002)
 
 
 def free_port() -> int:

@@ -25,7 +25,7 @@ from duplex_sidecars.router.front import (
     Request,
 )
 
-from .rawhttp import HeaderLookup
+from .rawhttp import HeaderLookup, until
 
 # ---- a server and raw clients -----------------------------------------------------------------------------------
 
@@ -179,14 +179,6 @@ async def echo(request: Request) -> None:
     request.respond(200, describe(request))
 
 
-async def until(condition: Callable[[], bool], timeout: float = 1.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.002)
-
-
 def get(path: str = "/", *headers: bytes, version: bytes = b"1.1", method: bytes = b"GET") -> bytes:
     return b"%s %s HTTP/%s\r\nHost: t\r\n%s\r\n" % (method, path.encode(), version, b"".join(h + b"\r\n" for h in headers))
 
@@ -236,11 +228,12 @@ async def test_response_headers_from_the_handler(make_server, connect):
     assert reply.body == b"made"
 
 
-async def test_header_value_with_a_line_break_never_reaches_the_wire(make_server, connect):
-    async def handler(request: Request) -> None:
-        request.respond(200, b"x", headers={"X-Evil": "a\r\nSet-Cookie: pwned=1"})
+async def _respond_with_injected_header(request: Request) -> None:
+    request.respond(200, b"x", headers={"X-Evil": "a\r\nSet-Cookie: pwned=1"})
 
-    server = await make_server(handler)
+
+async def test_header_value_with_a_line_break_never_reaches_the_wire(make_server, connect):
+    server = await make_server(_respond_with_injected_header)
     client = await connect(server)
     await client.send(get())
     everything = await asyncio.wait_for(client.reader.read(), 1.0)
@@ -248,10 +241,7 @@ async def test_header_value_with_a_line_break_never_reaches_the_wire(make_server
 
 
 async def test_header_value_with_a_line_break_is_a_500(make_server, connect):
-    async def handler(request: Request) -> None:
-        request.respond(200, b"x", headers={"X-Evil": "a\r\nSet-Cookie: pwned=1"})
-
-    server = await make_server(handler)
+    server = await make_server(_respond_with_injected_header)
     client = await connect(server)
     await client.send(get())
     reply = await client.reply()
