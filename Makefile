@@ -6,7 +6,7 @@ STAMP := $(VENV)/.setup-done
 
 .PHONY: setup run test test-unit test-cluster test-vllm crds docs crds-check render cluster-up cluster-down bench bench-router clean
 
-$(STAMP): pyproject.toml hack/setup.sh hack/build-tools.sh
+$(STAMP): pyproject.toml hack/pyproject.toml hack/setup.sh hack/build-tools.sh
 	bash hack/setup.sh
 	touch $(STAMP)
 
@@ -41,10 +41,10 @@ render: $(STAMP)
 	$(VENV)/bin/duplex render -f examples/seed.yaml
 
 cluster-up: $(STAMP)
-	$(VENV)/bin/duplex cluster up
+	$(VENV)/bin/duplex-dev cluster up
 
 cluster-down: $(STAMP)
-	$(VENV)/bin/duplex cluster down
+	$(VENV)/bin/duplex-dev cluster down
 
 bench: bench-router
 
@@ -52,5 +52,5 @@ bench-router: $(STAMP)
 	$(PY) bench/router_bench.py
 
 clean:
-	-$(VENV)/bin/duplex cluster down
+	-$(VENV)/bin/duplex-dev cluster down
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -17,8 +17,8 @@ from typing import Any
 
 import aiohttp
 from duplex_sidecars import protocol
-from duplex_sidecars.router.launcher import RouterProcess
-from duplex_sidecars.sim.launcher import free_port
+from duplex_dev.launch.router import RouterProcess
+from duplex_dev.processes import free_port
 from loadgen import JSON_HEADERS, Conversation, Outcome, read_reply
 from prometheus_client.parser import text_string_to_metric_families
 

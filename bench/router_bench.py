@@ -41,7 +41,7 @@ from contenders import (
     metric_sum,
     scrape,
 )
-from duplex_sidecars.sim.launcher import SimProcess
+from duplex_dev.launch.sim import SimProcess
 from loadgen import Workload, run_cell
 
 CONTENDERS = ("floor", "floor-recompute", "duplex", "vllm-router")

@@ -9,7 +9,7 @@ KWOK_VERSION=${KWOK_VERSION:-0.8.0}
 HELM_VERSION=${HELM_VERSION:-3.21.4}
 CACHE=${DUPLEX_CACHE:-$HOME/.cache/duplex}
 BIN=${DUPLEX_BIN:-$CACHE/bin-k8s$K8S_VERSION-etcd$ETCD_VERSION-kwok$KWOK_VERSION-helm$HELM_VERSION}
-# --print-dir: print the bin dir for the pinned versions and exit, building nothing (duplex.cluster.tools uses it).
+# --print-dir: print the bin dir for the pinned versions and exit, building nothing (duplex_dev.cluster.tools uses it).
 if [ "${1:-}" = "--print-dir" ]; then echo "$BIN"; exit 0; fi
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
 mkdir -p "$BIN"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make run`: the end-to-end demo (see operator/duplex/demo.py). Extra arguments go to `duplex demo`.
+# `make run`: the end-to-end demo (see hack/duplex_dev/demo.py). Extra arguments go to `duplex-dev demo`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec .venv/bin/duplex demo "$@"
+exec .venv/bin/duplex-dev demo "$@"

@@ -25,7 +25,7 @@ fi
 step "project virtualenv .venv"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install -q --upgrade pip
-.venv/bin/pip install -q -e ".[test]"
+.venv/bin/pip install -q -e ".[test]" -e hack/
 step "nixl-cu12 $NIXL_VERSION (--no-deps: the DRAM/UCX path needs numpy only, not torch)"
 .venv/bin/pip install -q --no-deps "nixl-cu12==$NIXL_VERSION"
 .venv/bin/python -c "from nixl_cu12._api import nixl_agent; print('nixl importable:', nixl_agent.__module__)"

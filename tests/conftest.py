@@ -6,7 +6,7 @@ from typing import Iterator
 
 import pytest
 
-from duplex_sidecars.router.launcher import RedisServer
+from duplex_dev.launch.redis import RedisServer
 
 
 @pytest.fixture(scope="module")

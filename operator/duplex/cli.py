@@ -10,8 +10,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("duplex.operator_cli", "run the kopf operator"),
     "render": ("duplex.render_cli", "print the child objects the operator would create"),
     "crds": ("duplex.crd_cli", "print the DisaggregatedServing CRD"),
-    "cluster": ("duplex.cluster.cli", "run a local control plane with fake EFA GPU nodes"),
-    "demo": ("duplex.demo", "end-to-end demo: local cluster, operator, seed example, live multi-turn chat"),
     "router": ("duplex_sidecars.router.cli", "run the KV-aware router"),
     "sim": ("duplex_sidecars.sim.cli", "run a simulated vLLM engine (prefill or decode)"),
 }

@@ -1,4 +1,4 @@
-"""Fixtures for tests against the local control plane (duplex.cluster.LocalCluster): one cluster per session, a fresh
+"""Fixtures for tests against the local control plane (duplex_dev.cluster.LocalCluster): one cluster per session, a fresh
 namespace per test, kubectl bound to the cluster, and the components' log tails attached to a failed test's report.
 
 Missing binaries are a failure, never a skip: in CI because .ci/run must have built them, locally because the fix is
@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from duplex.cluster import ClusterError, LocalCluster, tools
+from duplex_dev.cluster import ClusterError, LocalCluster, tools
 
 _CLUSTER = pytest.StashKey[LocalCluster]()
 
@@ -55,13 +55,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
 
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """The local control plane. With DUPLEX_KUBECONFIG set to a running `duplex cluster up` cluster's kubeconfig it
+    """The local control plane. With DUPLEX_KUBECONFIG set to a running `duplex-dev cluster up` cluster's kubeconfig it
     is reused and left running; otherwise one starts in a per-session tmp dir and is torn down at the end."""
     reuse = os.environ.get("DUPLEX_KUBECONFIG")
     if reuse:
         found = LocalCluster(Path(reuse).expanduser().resolve().parent)
         if not found.is_running():
-            pytest.fail(f"DUPLEX_KUBECONFIG={reuse} is not the kubeconfig of a running `duplex cluster up` cluster "
+            pytest.fail(f"DUPLEX_KUBECONFIG={reuse} is not the kubeconfig of a running `duplex-dev cluster up` cluster "
                         f"(state dir {found.state_dir}): {found.status().render()}", pytrace=False)
         request.config.stash[_CLUSTER] = found
         yield found

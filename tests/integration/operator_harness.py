@@ -84,7 +84,7 @@ class OperatorProcess:
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of the operator's /metrics samples named `name` whose labels match."""
-        from duplex_sidecars import processes
+        from duplex_dev import processes
 
         return processes.metric_sum(processes.scrape(f"http://127.0.0.1:{self.metrics_port}/metrics"), name, **labels)
 

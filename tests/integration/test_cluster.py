@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from duplex.cluster import tools
-from duplex.cluster.cli import main as cluster_cli
-from duplex.cluster.processes import ProcessRecord, is_alive
+from duplex_dev.cluster import tools
+from duplex_dev.cluster.cli import main as cluster_cli
+from duplex_dev.processes import ProcessRecord, is_alive
 
 pytestmark = pytest.mark.cluster
 

@@ -16,9 +16,9 @@ import aiohttp.abc
 import pytest
 
 from duplex_sidecars.router.app import Router, RouterServer
-from duplex_sidecars.router.client import ChatClient, Conversation
+from duplex_dev.chat import ChatClient, Conversation
 from duplex_sidecars.router.config import RouterConfig
-from duplex_sidecars.sim.launcher import SimProcess
+from duplex_dev.launch.sim import SimProcess
 
 pytestmark = pytest.mark.cluster
 

@@ -14,12 +14,12 @@ import aiohttp
 import pytest
 
 from duplex_sidecars.router.app import Router, RouterServer
-from duplex_sidecars.router.client import ChatClient, Conversation, sse_events
+from duplex_dev.chat import ChatClient, Conversation, sse_events
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.config_file import deep_merge
 from duplex_sidecars.sim import generation
 from duplex_sidecars.sim.chat_template import render_chat
-from duplex_sidecars.sim.launcher import SimProcess
+from duplex_dev.launch.sim import SimProcess
 
 LONG = "Tell me everything about the history of the printing press. " * 10
 QUIET_PROBES = {"health_check": {"interval_seconds": 60, "timeout_seconds": 1}}

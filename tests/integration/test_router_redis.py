@@ -13,9 +13,9 @@ from typing import Iterator
 
 import pytest
 
-from duplex_sidecars.router.client import ChatClient, Conversation
-from duplex_sidecars.router.launcher import RouterProcess
-from duplex_sidecars.sim.launcher import SimProcess, sim_pair
+from duplex_dev.chat import ChatClient, Conversation
+from duplex_dev.launch.router import RouterProcess
+from duplex_dev.launch.sim import SimProcess, sim_pair
 
 pytestmark = pytest.mark.redis
 

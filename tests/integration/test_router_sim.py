@@ -16,12 +16,12 @@ from typing import Any, AsyncIterator, Iterator
 import pytest
 
 from duplex_sidecars.router.app import Router, RouterServer
-from duplex_sidecars.router.client import ChatClient, Conversation, TurnFailed
+from duplex_dev.chat import ChatClient, Conversation, TurnFailed
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.config_file import deep_merge
 from duplex_sidecars.sim import generation
 from duplex_sidecars.sim.chat_template import render_chat
-from duplex_sidecars.sim.launcher import SimProcess
+from duplex_dev.launch.sim import SimProcess
 
 EXTERNAL = "vllm:prompt_tokens_by_source_total"
 CORRUPT = "sim_corrupt_blocks_total"

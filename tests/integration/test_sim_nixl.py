@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from duplex_sidecars import protocol as pr
-from duplex_sidecars.sim.launcher import SimProcess, SimStartError
+from duplex_dev.launch.sim import SimProcess, SimStartError
 from duplex_sidecars.sim.nixl_transport import NixlUnavailable, load_nixl_api
 
 pytestmark = [pytest.mark.nixl, pytest.mark.timeout(180)]
@@ -343,7 +343,7 @@ def test_launcher_reports_a_failed_start_with_the_log():
 
 
 async def test_async_sim_pair_serves_a_turn():
-    from duplex_sidecars.sim.launcher import async_sim_pair
+    from duplex_dev.launch.sim import async_sim_pair
 
     async with async_sim_pair(decode_args=("--no-bidirectional",), model="m2") as (p, d):
         assert p.role == "prefill" and d.role == "decode" and p.port != d.port

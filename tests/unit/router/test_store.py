@@ -165,7 +165,7 @@ async def test_two_clients_share_entries(redis_server):
 
 
 async def test_redis_down_is_a_fast_store_error():
-    from duplex_sidecars.sim.launcher import free_port
+    from duplex_dev.processes import free_port
 
     s = RedisStore(f"redis://127.0.0.1:{free_port()}/0", "x:", op_timeout=0.5, error_backoff=5.0)
     try:

@@ -1,4 +1,4 @@
-"""`duplex demo` (what `make run` runs): local control plane with fake EFA nodes, the operator, the seed
+"""`duplex-dev demo` (what `make run` runs): local control plane with fake EFA nodes, the operator, the seed
 DisaggregatedServing, then a live multi-turn agentic chat through the router the operator configured, against two
 simulated engines that move KV blocks over real NIXL."""
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from duplex.cluster import ClusterError, LocalCluster
+from duplex_dev.cluster import ClusterError, LocalCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "duplex-demo"
@@ -156,8 +156,8 @@ async def chat(url: str, conversation_id: str | None, turns: int) -> list[dict[s
 
 
 def live_chat(cluster: LocalCluster, turns: int) -> None:
-    from duplex_sidecars.router.launcher import RouterProcess
-    from duplex_sidecars.sim.launcher import sim_pair
+    from duplex_dev.launch.router import RouterProcess
+    from duplex_dev.launch.sim import sim_pair
 
     say("starting a simulated prefill and decode engine (real NIXL over UCX on loopback) and the router")
     sim_args = [*SIM_COST, "--fail-on-corrupt"]
@@ -193,7 +193,7 @@ def live_chat(cluster: LocalCluster, turns: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="duplex demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="duplex-dev demo", description=__doc__)
     parser.add_argument("--example", type=Path, default=ROOT / "examples/seed.yaml")
     parser.add_argument("--turns", type=int, default=5, help="turns of the live chat")
     parser.add_argument("--down", action="store_true", help="stop the local cluster at the end")
@@ -210,7 +210,7 @@ def main(argv: list[str]) -> int:
         show(cluster)
         live_chat(cluster, args.turns)
     except (ClusterError, RuntimeError) as err:
-        print(f"duplex demo: {err}", file=sys.stderr)
+        print(f"duplex-dev demo: {err}", file=sys.stderr)
         return 1
     finally:
         if operator is not None:
@@ -219,7 +219,7 @@ def main(argv: list[str]) -> int:
         if args.down:
             cluster.down()
     say(f"done. The cluster is still up: export KUBECONFIG={cluster.kubeconfig}; "
-        f"kubectl -n {NAMESPACE} get dsv. Stop it with: .venv/bin/duplex cluster down")
+        f"kubectl -n {NAMESPACE} get dsv. Stop it with: .venv/bin/duplex-dev cluster down")
     return 0
 
 

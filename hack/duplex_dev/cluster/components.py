@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from duplex.cluster.pki import PKIPaths
+from duplex_dev.cluster.pki import PKIPaths
 
 SERVICE_CIDR = "10.0.0.0/24"
 POD_CIDR = "10.244.0.0/16"  # kwok's fallback for nodes without spec.podCIDR; fake-nodes.yaml gives each its own /24

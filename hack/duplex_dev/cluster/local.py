@@ -1,6 +1,6 @@
 """A real local Kubernetes control plane without containers: etcd, kube-apiserver, kube-controller-manager,
 kube-scheduler and kwok as detached processes, plus fake EKS EFA GPU nodes. One state dir holds its PKI, kubeconfig,
-audit log, logs and a JSON state file, so a later process (`duplex cluster down`, pytest) can find and stop it."""
+audit log, logs and a JSON state file, so a later process (`duplex-dev cluster down`, pytest) can find and stop it."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ from typing import Callable, Iterator, Sequence
 
 import yaml
 
-from duplex.cluster import components, pki, processes, rest, tools
-from duplex.cluster.components import COMPONENTS, Layout, Ports
-from duplex.cluster.processes import ProcessRecord
+from duplex_dev import processes
+from duplex_dev.cluster import components, pki, rest, tools
+from duplex_dev.cluster.components import COMPONENTS, Layout, Ports
+from duplex_dev.processes import ProcessRecord
 
 STATE_VERSION = 1
 
@@ -354,7 +355,7 @@ class LocalCluster:
     def _require_state(self) -> dict:
         state = self._load_state()
         if state is None:
-            raise ClusterError("cluster", f"no cluster in {self.layout.root}: run `duplex cluster up`")
+            raise ClusterError("cluster", f"no cluster in {self.layout.root}: run `duplex-dev cluster up`")
         return state
 
     def _save_state(self, state: dict) -> None:

@@ -1,15 +1,24 @@
-"""Detached component processes: start one in its own session with its log in a file, tell whether a recorded pid is
-still that same process, and stop its whole process group. Processes are only ever signalled by recorded id."""
+"""Processes started by dev tooling (the local control plane, launchers of routers, engines and Redis for tests,
+benchmarks and the demo): spawn detached with a log file, tell whether a recorded pid is still that process, stop a
+whole process group or one child, read log tails, scrape /metrics. Processes are only ever signalled by recorded id."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
+
+class LaunchError(RuntimeError):
+    """A process the dev tooling started did not come up."""
+
+
+_handed_out: set[int] = set()  # ports free_port gave out already
 
 # Popen objects of the processes this interpreter started, so stopping one also reaps it (no zombies in pytest).
 _children: dict[int, subprocess.Popen] = {}
@@ -133,6 +142,20 @@ def stop(record: ProcessRecord, grace: float = 10.0) -> bool:
     return False
 
 
+def stop_child(proc: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> int | None:
+    """SIGTERM a child started with Popen, then SIGKILL after `timeout`; its exit code (None if never started)."""
+    if proc is None:
+        return None
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 def log_tail(path: str | Path, lines: int = 30) -> str:
     """The last `lines` lines of a log file ('' when it does not exist)."""
     try:
@@ -144,3 +167,32 @@ def log_tail(path: str | Path, lines: int = 30) -> str:
     except FileNotFoundError:
         return ""
     return "\n".join(data.splitlines()[-lines:])
+
+
+Sample = tuple[str, dict[str, str], float]
+
+
+def scrape(url: str, timeout: float = 5.0) -> list[Sample]:
+    """One Prometheus scrape of `url` (a /metrics address), parsed into (name, labels, value) samples."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        text = resp.read().decode()
+    return [(s.name, s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+def metric_sum(samples: list[Sample], name: str, **labels: str) -> float:
+    """Sum of the samples named `name` whose labels include `labels`."""
+    return sum(v for n, lbls, v in samples if n == name and all(lbls.get(k) == want for k, want in labels.items()))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A currently free TCP port, never the same one twice in this process."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise RuntimeError("could not find a free port")

@@ -1,4 +1,4 @@
-"""`duplex cluster up|down|status|kubeconfig`: the command-line shell around LocalCluster."""
+"""`duplex-dev cluster up|down|status|kubeconfig`: the command-line shell around LocalCluster."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 import signal
 import sys
 
-from duplex.cluster.local import ClusterError, LocalCluster, default_state_dir
-from duplex.cluster.tools import ToolsMissing
+from duplex_dev.cluster.local import ClusterError, LocalCluster, default_state_dir
+from duplex_dev.cluster.tools import ToolsMissing
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -15,7 +15,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--dir", default=None,
                         help=f"state dir (default: $DUPLEX_CLUSTER_DIR or {default_state_dir()})")
     parser = argparse.ArgumentParser(
-        prog="duplex cluster",
+        prog="duplex-dev cluster",
         description="A local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, "
                     "kube-scheduler, kwok) with fake EKS EFA GPU nodes. No containers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -57,14 +57,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if status.running else 1
         if args.command == "kubeconfig":
             if not cluster.status(with_nodes=False).components:
-                print(f"no cluster in {cluster.state_dir}: run `duplex cluster up`", file=sys.stderr)
+                print(f"no cluster in {cluster.state_dir}: run `duplex-dev cluster up`", file=sys.stderr)
                 return 1
             print(cluster.kubeconfig)
             return 0
     except ToolsMissing as err:
-        print(f"duplex cluster: {err}; run hack/setup.sh (or bash hack/build-tools.sh)", file=sys.stderr)
+        print(f"duplex-dev cluster: {err}; run hack/setup.sh (or bash hack/build-tools.sh)", file=sys.stderr)
         return 3
     except ClusterError as err:
-        print(f"duplex cluster: FAILED: {err}", file=sys.stderr)
+        print(f"duplex-dev cluster: FAILED: {err}", file=sys.stderr)
         return 1
     return 2

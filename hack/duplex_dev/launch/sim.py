@@ -1,9 +1,6 @@
 """Start and stop `duplex sim` engines as subprocesses on free loopback ports (for tests and benchmarks).
 
 API:
-    free_port(host="127.0.0.1") -> int
-        A currently free TCP port (never the same one twice in this process).
-
     SimProcess(role, *extra_args, engine_id=None, model="sim", host="127.0.0.1", port=None,
                side_channel_port=None, startup_timeout=30.0, env=None, log_dir=None, keep_log=False)
         One engine. `extra_args` are further `duplex sim` flags, e.g. "--no-bidirectional",
@@ -27,7 +24,7 @@ API:
         Starts a prefill and a decode engine in parallel and stops both on exit; kwargs go to both SimProcess.
     async_sim_pair(...) -> the same as an async context manager.
 
-The engines run `python -m duplex.cli sim` with the current interpreter, so they use the same virtualenv.
+`free_port` (from `duplex_dev.processes`) picks ports. The engines run `python -m duplex.cli sim` with the current interpreter, so they use the same virtualenv.
 """
 
 from __future__ import annotations
@@ -35,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,23 +42,10 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
-from duplex_sidecars import processes
+from duplex_dev import processes
+from duplex_dev.processes import LaunchError, free_port
 
-_handed_out: set[int] = set()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
-    raise RuntimeError("could not find a free port")
-
-
-class SimStartError(RuntimeError):
+class SimStartError(LaunchError):
     pass
 
 
@@ -167,7 +150,7 @@ class SimProcess:
         return self
 
     def stop(self, timeout: float = 10.0) -> int | None:
-        code = processes.stop(self.process, timeout)
+        code = processes.stop_child(self.process, timeout)
         if code == 0 and not self.keep_log:
             with contextlib.suppress(OSError):
                 os.remove(self.log_path)
