@@ -6,7 +6,7 @@ STAMP := $(VENV)/.setup-done
 
 .PHONY: setup run test test-unit test-cluster test-vllm crds docs crds-check render cluster-up cluster-down bench bench-router clean
 
-$(STAMP): pyproject.toml hack/pyproject.toml hack/setup.sh hack/build-tools.sh
+$(STAMP): pyproject.toml hack/pyproject.toml hack/versions.sh hack/setup.sh hack/build-tools.sh
 	bash hack/setup.sh
 	touch $(STAMP)
 

@@ -3,10 +3,7 @@
 # Idempotent: a component whose binary is already cached is skipped. Never writes into the repo.
 set -euo pipefail
 
-K8S_VERSION=${K8S_VERSION:-1.36.3}
-ETCD_VERSION=${ETCD_VERSION:-3.6.16}
-KWOK_VERSION=${KWOK_VERSION:-0.8.0}
-HELM_VERSION=${HELM_VERSION:-3.21.4}
+source "$(dirname "${BASH_SOURCE[0]}")/versions.sh"
 CACHE=${DUPLEX_CACHE:-$HOME/.cache/duplex}
 BIN=${DUPLEX_BIN:-$CACHE/bin-k8s$K8S_VERSION-etcd$ETCD_VERSION-kwok$KWOK_VERSION-helm$HELM_VERSION}
 # --print-dir: print the bin dir for the pinned versions and exit, building nothing (duplex_dev.cluster.tools uses it).

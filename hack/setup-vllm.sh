@@ -3,7 +3,7 @@
 # line against vLLM's own argument parser and config classes. Idempotent: a marker file makes reruns instant.
 # Cold install: ~3 min and ~9 GB (torch comes from PyPI; only PyPI is reachable here).
 set -euo pipefail
-VLLM_VERSION=${VLLM_VERSION:-0.33.0}
+source "$(dirname "${BASH_SOURCE[0]}")/versions.sh"
 CACHE=${DUPLEX_CACHE:-$HOME/.cache/duplex}
 VENV="$CACHE/vllm-$VLLM_VERSION"
 MARKER="$VENV/.duplex-vllm-ok"

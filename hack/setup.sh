@@ -6,8 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 CACHE=${DUPLEX_CACHE:-$HOME/.cache/duplex}
-VLLM_VERSION=${VLLM_VERSION:-0.33.0}
-NIXL_VERSION=${NIXL_VERSION:-1.5.1}
+source hack/versions.sh
 PY=${PYTHON:-python3}
 mkdir -p "$CACHE"
 t0=$(date +%s)

@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
+from duplex_dev.versions import version
+
 ROOT = Path(__file__).resolve().parents[2]
 CHECKER = ROOT / "hack" / "vllm_check.py"
-VLLM_VERSION = os.environ.get("VLLM_VERSION", "0.33.0")
+VLLM_VERSION = version("VLLM_VERSION")
 CACHE = Path(os.environ.get("DUPLEX_CACHE") or Path.home() / ".cache" / "duplex")
 VENV = CACHE / f"vllm-{VLLM_VERSION}"
 MARKER = VENV / ".duplex-vllm-ok"  # written by hack/setup-vllm.sh once `import vllm` works

