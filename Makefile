@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup run test test-unit test-cluster test-vllm crds docs crds-check render cluster-up cluster-down bench bench-router clean
+.PHONY: setup run test lint test-unit test-cluster test-vllm crds docs crds-check render cluster-up cluster-down bench bench-router clean
 
 $(STAMP): pyproject.toml hack/pyproject.toml hack/versions.sh hack/setup.sh hack/build-tools.sh
 	bash hack/setup.sh
@@ -16,9 +16,14 @@ setup: $(STAMP)
 run: $(STAMP)
 	bash hack/demo.sh
 
-## Every tier: unit, real control plane, real NIXL, real Redis, vLLM's own parser.
-test: $(STAMP)
+## Every tier: static checks, unit, real control plane, real NIXL, real Redis, vLLM's own parser.
+test: $(STAMP) lint
 	$(VENV)/bin/pytest -q -rfE
+
+## Static checks: ruff (lint and format).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test-unit: $(STAMP)
 	$(VENV)/bin/pytest -q tests/unit

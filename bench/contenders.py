@@ -16,9 +16,9 @@ import urllib.request
 from typing import Any
 
 import aiohttp
-from duplex_sidecars import protocol
 from duplex_dev.launch.router import RouterProcess
 from duplex_dev.processes import free_port
+from duplex_sidecars import protocol
 from loadgen import JSON_HEADERS, Conversation, Outcome, read_reply
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -48,15 +48,17 @@ class Floor:
         replay, conv.replay = conv.replay, None
         kv = protocol.replay_params(replay) if replay else protocol.miss_params()
         out = Outcome(False, time.perf_counter(), replayed=replay is not None)
-        async with session.post(self.prefill_url, data=_dumps(protocol.prefill_leg_body(body, kv)),
-                                headers=JSON_HEADERS) as resp:
+        async with session.post(
+            self.prefill_url, data=_dumps(protocol.prefill_leg_body(body, kv)), headers=JSON_HEADERS
+        ) as resp:
             raw = await resp.read()
             if resp.status != 200:
                 out.error = f"prefill HTTP {resp.status}: {raw[:200]!r}"
                 return out
         params = json.loads(raw).get(protocol.KV_PARAMS_FIELD)
-        async with session.post(self.decode_url, data=_dumps(protocol.decode_leg_body(body, params)),
-                                headers=JSON_HEADERS) as resp:
+        async with session.post(
+            self.decode_url, data=_dumps(protocol.decode_leg_body(body, params)), headers=JSON_HEADERS
+        ) as resp:
             await read_reply(resp, stream, out)
         if out.ok and self.reuse:
             conv.replay = protocol.replayable_decode_params(out.kv)
@@ -81,8 +83,15 @@ class _HttpRouter:
 class DuplexRouter(_HttpRouter):
     name = "duplex"
 
-    def __init__(self, prefill_url: str, decode_url: str, conversation_ttl: float, engine_blocks_ttl: float,
-                 name: str = "duplex", pythonpath: str | None = None):
+    def __init__(
+        self,
+        prefill_url: str,
+        decode_url: str,
+        conversation_ttl: float,
+        engine_blocks_ttl: float,
+        name: str = "duplex",
+        pythonpath: str | None = None,
+    ):
         """`pythonpath` runs another tree's router (an exported git revision) in place of this one."""
         self.name = name
         config = {"conversation": {"ttl_seconds": conversation_ttl, "engine_blocks_ttl_seconds": engine_blocks_ttl}}
@@ -188,8 +197,10 @@ def ensure_vllm_router(install: bool) -> str:
     if found == VLLM_ROUTER_VERSION:
         return found
     if not install:
-        raise SystemExit(f"vllm-router=={VLLM_ROUTER_VERSION} is not installed (found {found}); "
-                         f"run: {sys.executable} -m pip install vllm-router=={VLLM_ROUTER_VERSION}")
+        raise SystemExit(
+            f"vllm-router=={VLLM_ROUTER_VERSION} is not installed (found {found}); "
+            f"run: {sys.executable} -m pip install vllm-router=={VLLM_ROUTER_VERSION}"
+        )
     print(f"setup: pip install vllm-router=={VLLM_ROUTER_VERSION} (found {found})", flush=True)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"vllm-router=={VLLM_ROUTER_VERSION}"], check=True)
     return VLLM_ROUTER_VERSION
@@ -202,10 +213,16 @@ async def scrape(session: aiohttp.ClientSession, url: str) -> dict[tuple[str, tu
             text = (await resp.read()).decode()
     except (aiohttp.ClientError, OSError, TimeoutError):
         return {}
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 def metric_sum(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
-    return sum(v for (n, lbls), v in samples.items()
-               if n == name and all(dict(lbls).get(k) == want for k, want in labels.items()))
+    return sum(
+        v
+        for (n, lbls), v in samples.items()
+        if n == name and all(dict(lbls).get(k) == want for k, want in labels.items())
+    )

@@ -44,11 +44,18 @@ def _conversation(tokens: int, rng: random.Random) -> tuple[list[dict[str, Any]]
 
 def _kv(blocks: int, rng: random.Random, decode: bool) -> dict[str, Any]:
     return {
-        "do_remote_prefill": not decode, "do_remote_decode": decode,
+        "do_remote_prefill": not decode,
+        "do_remote_decode": decode,
         "remote_block_ids": [rng.sample(range(131072), blocks)],
-        "remote_engine_id": "decode-0" if decode else "prefill-0", "remote_request_id": "chatcmpl-" + "ab" * 20,
-        "remote_host": "10.0.3.17", "remote_port": 5600, "tp_size": 1, "dcp_size": 1, "pp_size": 1,
-        "remote_num_tokens": blocks * 16 - 3, "remote_blocks_expiry_time": 12345.6 if decode else None,
+        "remote_engine_id": "decode-0" if decode else "prefill-0",
+        "remote_request_id": "chatcmpl-" + "ab" * 20,
+        "remote_host": "10.0.3.17",
+        "remote_port": 5600,
+        "tp_size": 1,
+        "dcp_size": 1,
+        "pp_size": 1,
+        "remote_num_tokens": blocks * 16 - 3,
+        "remote_blocks_expiry_time": 12345.6 if decode else None,
         "transfer_mode": "pull",
     }
 
@@ -74,11 +81,21 @@ def measure(tokens: int, budget: float = 0.4) -> dict[str, Any]:
     covered = previous.covered_with(Reply(content=messages[-2]["content"], finish_reason="stop"))
     stored = protocol.replayable_decode_params(_kv(blocks, rng, decode=True))
     assert stored is not None
-    prefill_reply = json.dumps({"id": "x", "choices": [{"index": 0, "text": "a", "finish_reason": "length"}],
-                                protocol.KV_PARAMS_FIELD: _kv(blocks, rng, decode=False)}).encode()
-    decode_reply_raw = json.dumps({"id": "y", "object": "chat.completion", "choices": [{
-        "index": 0, "message": {"role": "assistant", "content": reply_text}, "finish_reason": "stop"}],
-        protocol.KV_PARAMS_FIELD: _kv(blocks + 13, rng, decode=True)}).encode()
+    prefill_reply = json.dumps(
+        {
+            "id": "x",
+            "choices": [{"index": 0, "text": "a", "finish_reason": "length"}],
+            protocol.KV_PARAMS_FIELD: _kv(blocks, rng, decode=False),
+        }
+    ).encode()
+    decode_reply_raw = json.dumps(
+        {
+            "id": "y",
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": reply_text}, "finish_reason": "stop"}],
+            protocol.KV_PARAMS_FIELD: _kv(blocks + 13, rng, decode=True),
+        }
+    ).encode()
     parsed, _ = jsonio.loads(raw)
     parsed.pop("conversation_id")
     encoded = [canonical(normalize_message(m)) for m in parsed["messages"]]
@@ -108,13 +125,20 @@ def measure(tokens: int, budget: float = 0.4) -> dict[str, Any]:
         "parse + history digest": parse,
         "reuse check + record digest": digests,
         "prefill leg body": lambda: jsonio.dumps(protocol.prefill_leg_body(parsed, protocol.replay_params(stored))),
-        "decode leg body": lambda: jsonio.dumps(protocol.decode_leg_body(
-            parsed, jsonio.loads(prefill_reply)[0][protocol.KV_PARAMS_FIELD])),
+        "decode leg body": lambda: jsonio.dumps(
+            protocol.decode_leg_body(parsed, jsonio.loads(prefill_reply)[0][protocol.KV_PARAMS_FIELD])
+        ),
         "decode reply (parse, params, re-serialize)": decode_reply,
     }
     us = {name: _time(fn, budget) for name, fn in steps.items()}
-    return {"tokens": tokens, "messages": len(messages), "body_bytes": len(raw), "block_ids": blocks,
-            "steps_us": {k: round(v, 1) for k, v in us.items()}, "total_us": round(sum(us.values()), 1)}
+    return {
+        "tokens": tokens,
+        "messages": len(messages),
+        "body_bytes": len(raw),
+        "block_ids": blocks,
+        "steps_us": {k: round(v, 1) for k, v in us.items()},
+        "total_us": round(sum(us.values()), 1),
+    }
 
 
 def run(sizes: list[int], budget: float = 0.4) -> list[dict[str, Any]]:

@@ -162,9 +162,16 @@ class CellRun:
     window_end: float = 0.0
 
 
-async def run_cell(contender: Contender, session: aiohttp.ClientSession, workload: Workload, clients: int,
-                   stream: bool, warmup: float, duration: float,
-                   on_window: Any = None) -> CellRun:
+async def run_cell(
+    contender: Contender,
+    session: aiohttp.ClientSession,
+    workload: Workload,
+    clients: int,
+    stream: bool,
+    warmup: float,
+    duration: float,
+    on_window: Any = None,
+) -> CellRun:
     """Closed loop: `clients` concurrent clients for warmup + duration seconds. A request counts when it finishes
     inside the window [start + warmup, start + warmup + duration]. `on_window(edge)` is awaited at both edges
     ("start", "end") to snapshot CPU counters."""

@@ -58,6 +58,7 @@ ENGINE_BLOCKS = 131072  # a decode engine's KV blocks (block ids are below this)
 
 # ---- realistic remote_block_ids -----------------------------------------------------------------------------------
 
+
 def churned_free_queue(rng: random.Random, num_blocks: int = ENGINE_BLOCKS, ops: int = 20000) -> list[int]:
     """The order of a vLLM-like free block queue after churn: requests take blocks from the head and give them back
     to the tail in reverse order, so the queue holds runs of consecutive ids of mixed lengths."""
@@ -84,7 +85,7 @@ def conversation_block_ids(rng: random.Random, queue: list[int], blocks: int, ki
     while len(out) < blocks:
         take = min(blocks - len(out), rng.randint(64, 512))
         start = rng.randrange(len(queue) - take)
-        out += queue[start:start + take]
+        out += queue[start : start + take]
     return out
 
 
@@ -114,6 +115,7 @@ def decode_reply_params(rng: random.Random, ids: list[int], blocks: int) -> dict
 
 
 # ---- the prototypes that preceded the router's compact entry ---------------------------------------------------------------
+
 
 def _ids_array(ids: list[int]) -> bytes:
     return array("I", ids).tobytes()
@@ -149,8 +151,15 @@ class CompactEntry:
     __slots__ = ("_codec", "_ids", "_meta", "decode_url", "expired", "expires_at", "reason")
     nbytes = 0  # the prototypes do not count against the store's byte bound
 
-    def __init__(self, decode_url: str, codec: str, params: dict[str, Any] | None, covered: Covered | None,
-                 scope: str | None, reason: str | None = None):
+    def __init__(
+        self,
+        decode_url: str,
+        codec: str,
+        params: dict[str, Any] | None,
+        covered: Covered | None,
+        scope: str | None,
+        reason: str | None = None,
+    ):
         self.decode_url = decode_url
         self.expires_at = 0.0
         self.expired = False
@@ -167,8 +176,9 @@ class CompactEntry:
         rest = {k: v for k, v in params.items() if k != "remote_block_ids"}
         groups = params["remote_block_ids"]
         flat = groups[0] if groups and isinstance(groups[0], list) else groups
-        self._meta = json.dumps([rest, cov, scope, len(groups) if flat is not groups else 0],
-                                separators=(",", ":")).encode()
+        self._meta = json.dumps(
+            [rest, cov, scope, len(groups) if flat is not groups else 0], separators=(",", ":")
+        ).encode()
         self._ids = CODECS[codec][0](flat)
 
     def _decoded(self) -> tuple[dict[str, Any], list[Any], str]:
@@ -233,6 +243,7 @@ class PrototypeStore:
 
 # ---- one measurement ----------------------------------------------------------------------------------------------
 
+
 def _digest(i: int, salt: str) -> str:
     return uuid.uuid5(uuid.NAMESPACE_OID, f"{salt}{i}").hex * 2  # 64 hex characters, like a SHA-256 hexdigest
 
@@ -243,7 +254,7 @@ def _digests(i: int) -> tuple[Covered, str]:
 
 def _reply(pool: list[dict[str, Any]], i: int) -> dict[str, Any]:
     """Conversation i's decode reply: one of the pool's block-id lists, its own request id."""
-    return {**pool[i % POOL], "remote_request_id": f"chatcmpl-{i:032x}-{i & 0xffffffff:08x}"}
+    return {**pool[i % POOL], "remote_request_id": f"chatcmpl-{i:032x}-{i & 0xFFFFFFFF:08x}"}
 
 
 def _make_entry(variant: str, params: dict[str, Any], covered: Covered, scope: str) -> Any:
@@ -259,20 +270,26 @@ def _us(samples_ns: list[int]) -> tuple[float, float]:
     return round(float(a.mean()), 2), round(float(np.percentile(a, 99)), 2)
 
 
-async def measure(variant: str, size: int, ids_kind: str, blocks: int, ops: int, bounded: bool,
-                  freeze: bool) -> dict[str, Any]:
+async def measure(
+    variant: str, size: int, ids_kind: str, blocks: int, ops: int, bounded: bool, freeze: bool
+) -> dict[str, Any]:
     rng = random.Random(1234)
     queue = churned_free_queue(rng)
     pool_ids = [conversation_block_ids(rng, queue, blocks, ids_kind) for _ in range(POOL)]
     # decode's params as the router gets them: parsed from JSON, every entry's ints its own objects.
     pool = [json.loads(json.dumps(decode_reply_params(rng, ids, blocks))) for ids in pool_ids]
     if variant == "as-written":
-        make = lambda i: _make_entry(variant, _reply(pool, i), *_digests(i))
+
+        def make(i):
+            return _make_entry(variant, _reply(pool, i), *_digests(i))
     else:
         # The prototypes encode in 30-150 us per entry: encode the pool once and give every entry copies of its
         # bytes (the same sizes); put/take below time the full encode and decode.
         encoded = [_make_entry(variant, pool[j], *_digests(j)) for j in range(POOL)]
-        make = lambda i: encoded[i % POOL].copy()
+
+        def make(i):
+            return encoded[i % POOL].copy()
+
     defaults = StoreConfig()
     store: Any
     if variant != "as-written":
@@ -362,8 +379,9 @@ async def measure(variant: str, size: int, ids_kind: str, blocks: int, ops: int,
         "counted_bytes_per_conversation": round(store.bytes_held() / held, 1) if variant == "as-written" else None,
         "entry_overhead_bytes": ENTRY_OVERHEAD_BYTES,
         "blob_bytes": (round(sum(len(e.blob) for e in sample) / POOL, 1) if variant == "as-written" else None),
-        "redis_value_bytes": (round(sum(len(e.to_bytes()) for e in sample) / POOL, 1)
-                              if variant == "as-written" else None),
+        "redis_value_bytes": (
+            round(sum(len(e.to_bytes()) for e in sample) / POOL, 1) if variant == "as-written" else None
+        ),
         "fill_seconds": round(fill_s, 2),
         "full_gc_ms": round(gc_ms, 1),
         "full_gc_empty_ms": round(gc_empty_ms, 1),
@@ -381,9 +399,24 @@ async def measure(variant: str, size: int, ids_kind: str, blocks: int, ops: int,
 
 # ---- the whole run ------------------------------------------------------------------------------------------------
 
+
 def _one(size: int, ids: str, bounded: bool, freeze: bool, blocks: int, ops: int) -> dict[str, Any]:
-    cmd = [sys.executable, os.path.abspath(__file__), "--size", str(size), "--ids", ids, "--blocks", str(blocks),
-           "--ops", str(ops)] + (["--bounded"] if bounded else []) + (["--freeze"] if freeze else [])
+    cmd = (
+        [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--size",
+            str(size),
+            "--ids",
+            ids,
+            "--blocks",
+            str(blocks),
+            "--ops",
+            str(ops),
+        ]
+        + (["--bounded"] if bounded else [])
+        + (["--freeze"] if freeze else [])
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{shlex.join(cmd)} failed:\n{proc.stderr[-2000:]}")
@@ -398,16 +431,22 @@ def plan(sizes: list[int]) -> list[tuple[int, str, bool, bool]]:
     largest = max(sizes)
     rows = [(size, "churned", False, False) for size in sizes]
     rows += [(size, "random", False, False) for size in sizes if size < largest]
-    return rows + [(largest, "churned", True, False), (largest, "random", True, False),
-                   (largest, "churned", False, True)]
+    return rows + [
+        (largest, "churned", True, False),
+        (largest, "random", True, False),
+        (largest, "churned", False, True),
+    ]
 
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     started = dt.datetime.now(dt.UTC)
     exe = os.path.relpath(sys.executable, ROOT)
-    meta = {"command": shlex.join([exe if not exe.startswith("..") else sys.executable, *sys.argv]),
-            "started_utc": started.isoformat(timespec="seconds"), "machine": procstat.machine_facts(ROOT),
-            "loadavg_start": os.getloadavg()}
+    meta = {
+        "command": shlex.join([exe if not exe.startswith("..") else sys.executable, *sys.argv]),
+        "started_utc": started.isoformat(timespec="seconds"),
+        "machine": procstat.machine_facts(ROOT),
+        "loadavg_start": os.getloadavg(),
+    }
     results = []
     for size, ids, bounded, freeze in plan(args.sizes):
         # Unbounded rows with ids that do not compress would take ~7 KB per conversation.
@@ -415,13 +454,20 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         if estimate > 0.6 * procstat.mem_available_bytes():
             print(f"store: {size:,} {ids} skipped: ~{estimate / GIB:.1f} GiB would not fit", file=sys.stderr)
             continue
-        label = (f"{size:>9,} conversations, {ids} ids" + (", default bounds" if bounded else "")
-                 + (", store frozen" if freeze else ""))
+        label = (
+            f"{size:>9,} conversations, {ids} ids"
+            + (", default bounds" if bounded else "")
+            + (", store frozen" if freeze else "")
+        )
         print(f"store: {label} ...", file=sys.stderr, flush=True)
         r = _one(size, ids, bounded, freeze, args.blocks, args.ops)
-        print(f"store: {label} -> held {r['held']:,}, {r['bytes_per_conversation']:,.0f} B/conversation (counted "
-              f"{r['counted_bytes_per_conversation']:,.0f}), put {r['put_us']:.1f} us, take {r['take_us']:.1f} us, "
-              f"fill {r['fill_seconds']} s, full GC {r['full_gc_ms']} ms", file=sys.stderr, flush=True)
+        print(
+            f"store: {label} -> held {r['held']:,}, {r['bytes_per_conversation']:,.0f} B/conversation (counted "
+            f"{r['counted_bytes_per_conversation']:,.0f}), put {r['put_us']:.1f} us, take {r['take_us']:.1f} us, "
+            f"fill {r['fill_seconds']} s, full GC {r['full_gc_ms']} ms",
+            file=sys.stderr,
+            flush=True,
+        )
         results.append(r)
     meta["finished_utc"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     meta["loadavg_end"] = os.getloadavg()
@@ -432,8 +478,10 @@ def markdown(run: dict[str, Any]) -> str:
     meta, m = run["meta"], run["meta"]["machine"]
     rows = run["results"]
     lines = [
-        f"# Conversation store benchmark {meta['started_utc'][:10]}", "",
-        f"Command: `{meta['command']}`", "",
+        f"# Conversation store benchmark {meta['started_utc'][:10]}",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
         *([meta["note"], ""] if meta.get("note") else []),
         f"- Started {meta['started_utc']}, finished {meta['finished_utc']} (UTC)",
         f"- Machine: nproc {m['nproc']} ({m['cpus_usable']} usable), {m['cpu_model']}, {m['mem_total_gib']} GiB, "
@@ -441,7 +489,8 @@ def markdown(run: dict[str, Any]) -> str:
         f"- Python {m['python']}, duplex commit {m['git_commit']}"
         + (" (with uncommitted changes under sidecars/)" if m.get("sidecars_dirty") else ""),
         f"- Load average at start {meta['loadavg_start'][0]:.2f}, at end {meta['loadavg_end'][0]:.2f} (the machine "
-        f"is shared)", "",
+        f"is shared)",
+        "",
         "The router's `MemoryStore` holding entries as `reuse.record` builds them (`Entry(params=...)`: decode's "
         "params packed into one blob), for decode replies after a 32k-token history: "
         f"{rows[0]['blocks'] if rows else 2048} block ids in one KV-cache group (block size 16). One fresh "
@@ -454,14 +503,19 @@ def markdown(run: dict[str, Any]) -> str:
         "*pack*/*unpack* = the codec alone. *full GC* = one `gc.collect()` with the store empty -> full (the "
         "benchmark's own objects take the first); *frozen*: "
         "`gc.freeze()` once the (empty) store exists, as a router could at startup. Block ids: *churned* = stretches of a simulated vLLM free-block queue "
-        "after churn (runs of consecutive ids); *random* = no runs at all, the codec's worst case.", "",
+        "after churn (runs of consecutive ids); *random* = no runs at all, the codec's worst case.",
+        "",
         "| conversations offered | held | bounds | block ids | bytes / conversation | counted | total GiB (RSS) | "
         "blob B | Redis value B | put us (p99) | take us (p99) | pack us | unpack us | full GC ms | fill s |",
         "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        bounds = (f"default ({r['max_entries']:,} entries, {r['max_bytes'] / GIB:g} GiB); {r['evicted']:,} "
-                  f"evicted (fill and steady state)" if r["bounded"] else "lifted")
+        bounds = (
+            f"default ({r['max_entries']:,} entries, {r['max_bytes'] / GIB:g} GiB); {r['evicted']:,} "
+            f"evicted (fill and steady state)"
+            if r["bounded"]
+            else "lifted"
+        )
         bounds += "; frozen" if r.get("frozen") else ""
         lines.append(
             f"| {r['size']:,} | {r['held']:,} | {bounds} | {r['ids']} (mean run {r['mean_run']}) | "
@@ -469,15 +523,20 @@ def markdown(run: dict[str, Any]) -> str:
             f"{r['rss_delta_bytes'] / GIB:.2f} | {r['blob_bytes']:,.0f} | {r['redis_value_bytes']:,.0f} | "
             f"{r['put_us']:.1f} ({r['put_p99_us']:.0f}) | {r['take_us']:.1f} ({r['take_p99_us']:.0f}) | "
             f"{r['pack_us']:.1f} | {r['unpack_us']:.1f} | {r['full_gc_empty_ms']:.0f} -> {r['full_gc_ms']:.0f} | "
-            f"{r['fill_seconds']:.1f} |")
-    million = [r for r in rows if r["size"] >= 1_000_000 and r["ids"] == "churned" and not r["bounded"]
-               and not r["frozen"]]
+            f"{r['fill_seconds']:.1f} |"
+        )
+    million = [
+        r for r in rows if r["size"] >= 1_000_000 and r["ids"] == "churned" and not r["bounded"] and not r["frozen"]
+    ]
     if million:
         r = million[0]
         total = r["bytes_per_conversation"] * 1_000_000 / GIB
         verdict = "PASS" if total < 2 else "FAIL"
-        lines += ["", f"Target: 1M conversations with 32k-token histories under 2 GiB: {total:.2f} GiB "
-                      f"({r['bytes_per_conversation']:,.0f} B / conversation, realistic ids): **{verdict}**."]
+        lines += [
+            "",
+            f"Target: 1M conversations with 32k-token histories under 2 GiB: {total:.2f} GiB "
+            f"({r['bytes_per_conversation']:,.0f} B / conversation, realistic ids): **{verdict}**.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -487,8 +546,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="10000,100000,1000000", help="the whole run's sizes")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"), help="where the whole run writes")
     p.add_argument("--variant", choices=VARIANTS, default="as-written")
-    p.add_argument("--params", choices=("unique", "shared"), default="unique",
-                   help="accepted for router_bench.py; the router's entries never share their params")
+    p.add_argument(
+        "--params",
+        choices=("unique", "shared"),
+        default="unique",
+        help="accepted for router_bench.py; the router's entries never share their params",
+    )
     p.add_argument("--ids", choices=("churned", "random"), default="churned")
     p.add_argument("--bounded", action="store_true", help="keep the store's default bounds")
     p.add_argument("--freeze", action="store_true", help="gc.freeze() once the store exists")
@@ -496,8 +559,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ops", type=int, default=20000)
     args = p.parse_args(argv)
     if args.size is not None:
-        result = asyncio.run(measure(args.variant, args.size, args.ids, args.blocks, args.ops, args.bounded,
-                                     args.freeze))
+        result = asyncio.run(
+            measure(args.variant, args.size, args.ids, args.blocks, args.ops, args.bounded, args.freeze)
+        )
         print(json.dumps(result), flush=True)
         return 0
     args.sizes = [int(x) for x in args.sizes.split(",")]

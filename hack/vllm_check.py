@@ -51,21 +51,56 @@ REQUIRED_EXTRA: dict[str, tuple[type, ...]] = {
 # config.json shapes (from the models' published config.json) so that head counts, layer counts and max positions
 # meet the same divisibility and length checks as the real model. Keyed by the lower-cased repo name.
 _QWEN3_32B = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120, "intermediate_size": 25600,
-    "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
-    "max_position_embeddings": 40960, "vocab_size": 151936, "rope_theta": 1000000, "rms_norm_eps": 1e-6,
-    "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False, "use_sliding_window": False,
-    "sliding_window": None, "max_window_layers": 64, "torch_dtype": "bfloat16", "bos_token_id": 151643,
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 5120,
+    "intermediate_size": 25600,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "vocab_size": 151936,
+    "rope_theta": 1000000,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+    "use_sliding_window": False,
+    "sliding_window": None,
+    "max_window_layers": 64,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 151643,
     "eos_token_id": 151645,
 }
 _LLAMA_33_70B = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
-    "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
-    "max_position_embeddings": 131072, "vocab_size": 128256, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
-    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-    "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
-    "pretraining_tp": 1, "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 131072,
+    "vocab_size": 128256,
+    "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5,
+    "rope_scaling": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "mlp_bias": False,
+    "tie_word_embeddings": False,
+    "pretraining_tp": 1,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009],
 }
 MODEL_SHAPES: dict[str, dict[str, Any]] = {
     "qwen3-32b": _QWEN3_32B,
@@ -191,8 +226,10 @@ def _check_kv_transfer(entry: Entry, kv: Any, device: str | None) -> None:
     except Exception as e:
         entry.failed("kv_transfer_config", f"KVTransferConfig rejects it: {e}")
         return
-    entry.passed("kv_transfer_config", f"KVTransferConfig(kv_role={kv.kv_role!r}, is_kv_transfer_instance="
-                                       f"{kv.is_kv_transfer_instance})")
+    entry.passed(
+        "kv_transfer_config",
+        f"KVTransferConfig(kv_role={kv.kv_role!r}, is_kv_transfer_instance={kv.is_kv_transfer_instance})",
+    )
     if kv.kv_connector != EXPECTED_CONNECTOR:
         entry.failed("kv_connector", f"expected {EXPECTED_CONNECTOR!r}, got {kv.kv_connector!r}")
     else:
@@ -229,8 +266,9 @@ def _check_kv_transfer(entry: Entry, kv: Any, device: str | None) -> None:
     if not known:
         entry.skipped("extra_config_keys_read", "found no get_from_extra_config calls in vLLM's nixl package")
     elif unread := sorted(set(extra) - known):
-        entry.failed("extra_config_keys_read", f"vLLM's NixlConnector never reads {unread} (typo?); "
-                                               f"it reads {sorted(known)}")
+        entry.failed(
+            "extra_config_keys_read", f"vLLM's NixlConnector never reads {unread} (typo?); it reads {sorted(known)}"
+        )
     else:
         entry.passed("extra_config_keys_read", f"every key is read by vLLM's nixl package ({sorted(known)})")
 
@@ -240,11 +278,16 @@ def _check_kv_transfer(entry: Entry, kv: Any, device: str | None) -> None:
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.utils import _NIXL_SUPPORTED_DEVICE
 
     if device not in _NIXL_SUPPORTED_DEVICE:
-        entry.skipped("kv_buffer_device", f"device {device!r} is an out-of-tree platform; upstream vLLM's table "
-                                          f"covers {sorted(_NIXL_SUPPORTED_DEVICE)}")
+        entry.skipped(
+            "kv_buffer_device",
+            f"device {device!r} is an out-of-tree platform; upstream vLLM's table "
+            f"covers {sorted(_NIXL_SUPPORTED_DEVICE)}",
+        )
     elif kv.kv_buffer_device not in _NIXL_SUPPORTED_DEVICE[device]:
-        entry.failed("kv_buffer_device", f"NIXL on {device} supports kv_buffer_device "
-                                         f"{_NIXL_SUPPORTED_DEVICE[device]}, got {kv.kv_buffer_device!r}")
+        entry.failed(
+            "kv_buffer_device",
+            f"NIXL on {device} supports kv_buffer_device {_NIXL_SUPPORTED_DEVICE[device]}, got {kv.kv_buffer_device!r}",
+        )
     else:
         entry.passed("kv_buffer_device", f"{kv.kv_buffer_device!r} is supported by NIXL on {device}")
 
@@ -307,21 +350,28 @@ def _check_nixl_scheduler(entry: Entry, config: Any) -> None:
 
     mc, pc = config.model_config, config.parallel_config
     hf = mc.hf_text_config
-    if getattr(hf, "sliding_window", None) or getattr(hf, "layer_types", None) and set(hf.layer_types) != {
-            "full_attention"}:
+    if getattr(hf, "sliding_window", None) or (
+        getattr(hf, "layer_types", None) and set(hf.layer_types) != {"full_attention"}
+    ):
         entry.skipped("nixl_scheduler", "the model is not full-attention only; no synthetic KV cache layout")
         return
     # The worker would size num_blocks from profiled memory; the scheduler only needs the layout.
-    spec = FullAttentionSpec(block_size=config.cache_config.block_size, num_kv_heads=mc.get_num_kv_heads(pc),
-                             head_size=mc.get_head_size(), dtype=mc.dtype)
+    spec = FullAttentionSpec(
+        block_size=config.cache_config.block_size,
+        num_kv_heads=mc.get_num_kv_heads(pc),
+        head_size=mc.get_head_size(),
+        dtype=mc.dtype,
+    )
     layers = [f"model.layers.{i}.self_attn.attn" for i in range(mc.get_num_layers(pc))]
-    kv_cache_config = KVCacheConfig(num_blocks=1024, kv_cache_tensors=[],
-                                    kv_cache_groups=[KVCacheGroupSpec(layers, spec)])
+    kv_cache_config = KVCacheConfig(
+        num_blocks=1024, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(layers, spec)]
+    )
     try:
         connector = KVConnectorFactory.create_connector(config, KVConnectorRole.SCHEDULER, kv_cache_config)
     except Exception as e:
-        entry.failed("nixl_scheduler", f"scheduler-side {config.kv_transfer_config.kv_connector}: "
-                                       f"{type(e).__name__}: {e}")
+        entry.failed(
+            "nixl_scheduler", f"scheduler-side {config.kv_transfer_config.kv_connector}: {type(e).__name__}: {e}"
+        )
         return
     try:
         sched = connector.connector_scheduler
@@ -336,8 +386,10 @@ def _check_nixl_scheduler(entry: Entry, config: Any) -> None:
         if wrong:
             entry.failed("nixl_scheduler", "; ".join(wrong))
         else:
-            entry.passed("nixl_scheduler", f"{type(sched).__name__} runs with {read}, heartbeat every "
-                                           f"{sched._heartbeat_interval} s")
+            entry.passed(
+                "nixl_scheduler",
+                f"{type(sched).__name__} runs with {read}, heartbeat every {sched._heartbeat_interval} s",
+            )
     finally:
         with contextlib.suppress(Exception):
             connector.shutdown()
@@ -345,9 +397,16 @@ def _check_nixl_scheduler(entry: Entry, config: Any) -> None:
 
 def check(item: dict[str, Any]) -> dict[str, Any]:
     entry = Entry(str(item.get("name", "?")))
-    result: dict[str, Any] = {"name": entry.name, "ok": False, "model": None, "errors": entry.errors,
-                              "checks": entry.checks, "warnings": [], "kv_transfer_config": None,
-                              "engine_config": None}
+    result: dict[str, Any] = {
+        "name": entry.name,
+        "ok": False,
+        "model": None,
+        "errors": entry.errors,
+        "checks": entry.checks,
+        "warnings": [],
+        "kv_transfer_config": None,
+        "engine_config": None,
+    }
     records = _Records()
     records.listen()
     from vllm import logger as vllm_logger
@@ -422,8 +481,11 @@ def main() -> int:
 
         imported = time.monotonic() - started
         results = [check(item) for item in items]
-    print(f"vllm_check: vllm {vllm.__version__}, import {imported:.1f} s, {len(results)} entries in "
-          f"{time.monotonic() - started:.1f} s", file=sys.stderr)
+    print(
+        f"vllm_check: vllm {vllm.__version__}, import {imported:.1f} s, {len(results)} entries in "
+        f"{time.monotonic() - started:.1f} s",
+        file=sys.stderr,
+    )
     json.dump(results, out, indent=2)
     out.write("\n")
     out.flush()

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
-
 from duplex_dev.launch.redis import RedisServer
 
 
@@ -13,7 +12,10 @@ from duplex_dev.launch.redis import RedisServer
 def redis_server() -> Iterator[RedisServer]:
     """A real redis-server on a free loopback port. Missing is a failure, never a skip: hack/setup.sh installs it."""
     if not RedisServer.available():
-        pytest.fail("redis-server is missing: run hack/setup.sh (it installs Debian's redis-server); "
-                    "the Redis store is tested against a real server, never skipped", pytrace=False)
+        pytest.fail(
+            "redis-server is missing: run hack/setup.sh (it installs Debian's redis-server); "
+            "the Redis store is tested against a real server, never skipped",
+            pytrace=False,
+        )
     with RedisServer() as server:
         yield server

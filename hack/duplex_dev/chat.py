@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-
 from duplex_sidecars.protocol import KV_PARAMS_FIELD
 
 
@@ -72,8 +71,14 @@ class ChatClient:
         if self._own and self._session is not None:
             await self._session.close()
 
-    async def send(self, messages: list[dict[str, Any]], conversation_id: str | None = None, stream: bool = False,
-                   headers: dict[str, str] | None = None, **extra: Any) -> TurnResult:
+    async def send(
+        self,
+        messages: list[dict[str, Any]],
+        conversation_id: str | None = None,
+        stream: bool = False,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> TurnResult:
         """One chat request; raises TurnFailed on an HTTP error and LeakedParams on a leak."""
         assert self._session is not None
         body: dict[str, Any] = {"model": self.model, "messages": messages, "stream": stream, **extra}

@@ -32,8 +32,13 @@ def say(text: str) -> None:
 
 
 def kubectl(cluster: LocalCluster, *args: str, input: str | None = None, check: bool = True) -> str:
-    proc = subprocess.run([str(cluster.kubectl), f"--kubeconfig={cluster.kubeconfig}", *args], input=input,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [str(cluster.kubectl), f"--kubeconfig={cluster.kubeconfig}", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if check and proc.returncode != 0:
         raise RuntimeError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
     return proc.stdout
@@ -66,8 +71,9 @@ def start_operator(cluster: LocalCluster) -> subprocess.Popen[bytes]:
 def apply_example(cluster: LocalCluster, example: Path) -> None:
     say(f"applying {example.relative_to(ROOT)} in namespace {NAMESPACE}")
     kubectl(cluster, "create", "namespace", NAMESPACE, check=False)
-    kubectl(cluster, "-n", NAMESPACE, "create", "secret", "generic", "hf-token", "--from-literal=token=demo",
-            check=False)
+    kubectl(
+        cluster, "-n", NAMESPACE, "create", "secret", "generic", "hf-token", "--from-literal=token=demo", check=False
+    )
     kubectl(cluster, "-n", NAMESPACE, "apply", "-f", str(example))
 
 
@@ -127,11 +133,30 @@ async def chat(url: str, conversation_id: str | None, turns: int) -> list[dict[s
             messages.append({"role": "user", "content": f"Step {turn}: read the next file and summarise it."})
             if turn > 1:
                 call_id = f"call_{turn}"
-                messages.append({"role": "assistant", "content": None, "tool_calls": [
-                    {"id": call_id, "type": "function", "function": {"name": "read_file", "arguments": json.dumps({"path": f"src/mod{turn}.py"})}}]})  # noqa: E501
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": call_id,
+                                "type": "function",
+                                "function": {
+                                    "name": "read_file",
+                                    "arguments": json.dumps({"path": f"src/mod{turn}.py"}),
+                                },
+                            }
+                        ],
+                    }
+                )
                 messages.append({"role": "tool", "tool_call_id": call_id, "content": tool_output(turn)})
-            body: dict[str, Any] = {"model": "sim", "messages": messages, "max_tokens": 24, "stream": True,
-                                    "stream_options": {"include_usage": True}}
+            body: dict[str, Any] = {
+                "model": "sim",
+                "messages": messages,
+                "max_tokens": 24,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
             if conversation_id:
                 body["conversation_id"] = conversation_id
             started = time.perf_counter()
@@ -161,11 +186,15 @@ def live_chat(cluster: LocalCluster, turns: int) -> None:
 
     say("starting a simulated prefill and decode engine (real NIXL over UCX on loopback) and the router")
     sim_args = [*SIM_COST, "--fail-on-corrupt"]
-    with sim_pair(prefill_args=[*sim_args, "--no-enable-prefix-caching", "--kv-load-failure-policy", "recompute"],
-                  decode_args=sim_args) as (prefill, decode):
+    with sim_pair(
+        prefill_args=[*sim_args, "--no-enable-prefix-caching", "--kv-load-failure-policy", "recompute"],
+        decode_args=sim_args,
+    ) as (prefill, decode):
         config = router_config_from_cluster(cluster, prefill.url, decode.url)
-        say(f"router config from ConfigMap {NAMESPACE}/{SERVING}-router (TTL "
-            f"{config['conversation']['ttl_seconds']:g}s < engines' {config['conversation']['engine_blocks_ttl_seconds']:g}s)")
+        say(
+            f"router config from ConfigMap {NAMESPACE}/{SERVING}-router (TTL "
+            f"{config['conversation']['ttl_seconds']:g}s < engines' {config['conversation']['engine_blocks_ttl_seconds']:g}s)"
+        )
         with RouterProcess(config=config) as router:
             asyncio.run(chat(router.url, "warm-up", 2))  # connections and NIXL handshakes, so turn 1 compares fairly
             results = {}
@@ -179,13 +208,15 @@ def live_chat(cluster: LocalCluster, turns: int) -> None:
     base, reuse = results["recompute (no conversation_id)"], results["duplex reuse"]
     print()
     print(f"{'turn':>4} {'prompt tokens':>13} {'TTFT recompute':>15} {'TTFT duplex':>12} {'saved':>7}")
-    for b, r in zip(base, reuse):
+    for b, r in zip(base, reuse, strict=False):
         saved = 1 - r["ttft_ms"] / b["ttft_ms"] if b["ttft_ms"] else 0.0
         print(f"{b['turn']:>4} {b['prompt_tokens']:>13} {b['ttft_ms']:>12.1f} ms {r['ttft_ms']:>9.1f} ms {saved:>6.0%}")
     print()
-    say(f"router reuse hits: {hits:.0f} of {turns - 1} possible; tokens prefill read back from decode over NIXL: "
+    say(
+        f"router reuse hits: {hits:.0f} of {turns - 1} possible; tokens prefill read back from decode over NIXL: "
         f"{results['duplex reuse read']:.0f} (without conversation_id: {results['recompute (no conversation_id) read']:.0f}); "
-        f"corrupt blocks: {corrupt:.0f}")
+        f"corrupt blocks: {corrupt:.0f}"
+    )
     if corrupt:
         raise RuntimeError("the simulator saw corrupt KV blocks")
     if hits < turns - 1:
@@ -218,8 +249,10 @@ def main(argv: list[str]) -> int:
             operator.wait(15)
         if args.down:
             cluster.down()
-    say(f"done. The cluster is still up: export KUBECONFIG={cluster.kubeconfig}; "
-        f"kubectl -n {NAMESPACE} get dsv. Stop it with: .venv/bin/duplex-dev cluster down")
+    say(
+        f"done. The cluster is still up: export KUBECONFIG={cluster.kubeconfig}; "
+        f"kubectl -n {NAMESPACE} get dsv. Stop it with: .venv/bin/duplex-dev cluster down"
+    )
     return 0
 
 

@@ -10,9 +10,10 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+
 
 class LaunchError(RuntimeError):
     """A process the dev tooling started did not come up."""
@@ -37,9 +38,10 @@ class ProcessRecord:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "ProcessRecord":
-        return cls(pid=int(data["pid"]), start_ticks=int(data["start_ticks"]), argv=list(data["argv"]),
-                   log=str(data["log"]))
+    def from_json(cls, data: dict) -> ProcessRecord:
+        return cls(
+            pid=int(data["pid"]), start_ticks=int(data["start_ticks"]), argv=list(data["argv"]), log=str(data["log"])
+        )
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -48,7 +50,7 @@ def _stat(pid: int) -> list[str] | None:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
-    return raw[raw.rindex(")") + 2:].split()
+    return raw[raw.rindex(")") + 2 :].split()
 
 
 def start_ticks(pid: int) -> int | None:
@@ -77,13 +79,26 @@ def exit_code(record: ProcessRecord) -> int | None:
     return None if child is None else child.poll()
 
 
-def spawn(argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None,
-          append_log: bool = False) -> ProcessRecord:
+def spawn(
+    argv: Sequence[str],
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    append_log: bool = False,
+) -> ProcessRecord:
     """Start `argv` in a new session (its own process group) with stdout and stderr appended to `log_path`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab" if append_log else "wb") as log, open(os.devnull, "rb") as devnull:
-        proc = subprocess.Popen(list(argv), stdin=devnull, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
-                                env=env, start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=devnull,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
     _children[proc.pid] = proc
     ticks = start_ticks(proc.pid)
     if ticks is None:  # exited already; keep a record the caller can report on

@@ -25,7 +25,9 @@ def _same_scalar(live: Any, desired: Any) -> bool:
             return parse_quantity(live) == parse_quantity(desired)  # "0.5" vs "500m", "1024Mi" vs "1Gi"
         except ValueError:
             return False
-    if isinstance(live, (int, float)) and isinstance(desired, str) or isinstance(desired, (int, float)) and isinstance(live, str):
+    if (isinstance(live, (int, float)) and isinstance(desired, str)) or (
+        isinstance(desired, (int, float)) and isinstance(live, str)
+    ):
         return str(live) == str(desired)
     return False
 

@@ -106,9 +106,7 @@ class _Converter:
             elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
                 out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
                 out[key] = True
-            elif key == "default" and value is None:
-                continue
-            elif key == "default" and value in ([], {}):
+            elif (key == "default" and value is None) or (key == "default" and value in ([], {})):
                 continue
             else:
                 out[key] = value
@@ -176,5 +174,3 @@ def crd() -> dict[str, Any]:
             ],
         },
     }
-
-

@@ -14,8 +14,9 @@ CRD_FILE = "duplex.dev_disaggregatedservings.yaml"
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="duplex crds", description="Print the DisaggregatedServing CRD.")
     parser.add_argument("--output-dir", "-o", type=Path, help=f"write {CRD_FILE} into this directory instead")
-    parser.add_argument("--update-readme", type=Path, metavar="README",
-                        help="also regenerate the field reference block in README")
+    parser.add_argument(
+        "--update-readme", type=Path, metavar="README", help="also regenerate the field reference block in README"
+    )
     args = parser.parse_args(argv)
     if args.update_readme:
         from duplex.reference import update_readme

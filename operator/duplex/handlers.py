@@ -118,7 +118,7 @@ async def serve(name: str, namespace: str, body: kopf.Body, stopped: kopf.Daemon
 async def _sleep_or_wake(wakeup: asyncio.Event, seconds: float) -> None:
     try:
         await asyncio.wait_for(wakeup.wait(), timeout=seconds)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
 
 

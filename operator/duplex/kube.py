@@ -113,8 +113,12 @@ class Kube:
         res = self._resource(obj["apiVersion"], obj["kind"])
         self.writes += 1
         try:
-            self._call(res.delete, name=obj["metadata"]["name"], namespace=obj["metadata"].get("namespace"),
-                       body={"propagationPolicy": "Background"})
+            self._call(
+                res.delete,
+                name=obj["metadata"]["name"],
+                namespace=obj["metadata"].get("namespace"),
+                body={"propagationPolicy": "Background"},
+            )
         except NotFoundError:
             pass
 
@@ -141,11 +145,15 @@ class Kube:
 
     def post_event(self, parent: dict[str, Any], type_: str, reason: str, message: str) -> None:
         meta = parent["metadata"]
-        stamp = datetime.datetime.now(datetime.timezone.utc)
+        stamp = datetime.datetime.now(datetime.UTC)
         event = client.CoreV1Event(
             metadata=client.V1ObjectMeta(name=f"{meta['name']}.{uuid.uuid4().hex[:12]}", namespace=meta["namespace"]),
             involved_object=client.V1ObjectReference(
-                api_version=API_VERSION, kind=KIND, name=meta["name"], namespace=meta["namespace"], uid=meta["uid"],
+                api_version=API_VERSION,
+                kind=KIND,
+                name=meta["name"],
+                namespace=meta["namespace"],
+                uid=meta["uid"],
                 resource_version=meta.get("resourceVersion"),
             ),
             reason=reason,

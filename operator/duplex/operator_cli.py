@@ -23,8 +23,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--verbose", "-v", action="store_true")
     args = parser.parse_args(argv)
 
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if args.kubeconfig:
         os.environ["DUPLEX_KUBECONFIG"] = args.kubeconfig
         os.environ["KUBECONFIG"] = args.kubeconfig

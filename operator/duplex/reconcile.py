@@ -90,8 +90,11 @@ def _reconcile(kube: Kube, parent: dict[str, Any]) -> Outcome:
         kube.patch_status(ns, name, new)
         out.status_written = True
         if out.ready != _ready(previous):
-            reason, msg = ("Ready", "all components ready") if out.ready else (
-                "NotReady", next(c["message"] for c in new["conditions"] if c["type"] == "Ready"))
+            reason, msg = (
+                ("Ready", "all components ready")
+                if out.ready
+                else ("NotReady", next(c["message"] for c in new["conditions"] if c["type"] == "Ready"))
+            )
             kube.post_event(parent, "Normal" if out.ready else "Warning", reason, msg)
     metrics.RECONCILES.labels("ok").inc()
     return out

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from duplex.crd import openapi_schema
 
@@ -26,8 +27,14 @@ def _type(node: dict[str, Any]) -> str:
 
 def _limits(node: dict[str, Any]) -> str:
     parts = []
-    for key, label in (("minimum", ">="), ("maximum", "<="), ("minLength", "len >="), ("maxLength", "len <="),
-                       ("maxItems", "items <="), ("pattern", "matches")):
+    for key, label in (
+        ("minimum", ">="),
+        ("maximum", "<="),
+        ("minLength", "len >="),
+        ("maxLength", "len <="),
+        ("maxItems", "items <="),
+        ("pattern", "matches"),
+    ):
         if key in node:
             op = label
             if key == "minimum" and node.get("exclusiveMinimum"):

@@ -75,7 +75,9 @@ def parse_spec(spec: Any) -> DisaggregatedServingSpec:
 def parse(doc: dict[str, Any], default_namespace: str = "default") -> Serving:
     """A DisaggregatedServing document -> Serving, or InvalidSpec."""
     if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:
-        raise InvalidSpec([f"expected apiVersion {API_VERSION} kind {KIND}, got {doc.get('apiVersion')} {doc.get('kind')}"])
+        raise InvalidSpec(
+            [f"expected apiVersion {API_VERSION} kind {KIND}, got {doc.get('apiVersion')} {doc.get('kind')}"]
+        )
     meta = doc.get("metadata") or {}
     name = meta.get("name") or ""
     errors = [] if NAME_RULE.holds(name) else [NAME_RULE.message]
@@ -85,8 +87,9 @@ def parse(doc: dict[str, Any], default_namespace: str = "default") -> Serving:
         raise InvalidSpec(errors + e.errors) from None
     if errors:
         raise InvalidSpec(errors)
-    return Serving(name=name, namespace=meta.get("namespace") or default_namespace, spec=spec,
-                   generation=meta.get("generation"))
+    return Serving(
+        name=name, namespace=meta.get("namespace") or default_namespace, spec=spec, generation=meta.get("generation")
+    )
 
 
 def desired_children(serving: Serving) -> list[dict[str, Any]]:

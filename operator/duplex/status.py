@@ -15,7 +15,7 @@ WORKLOADS = ("prefill", "decode", "router")
 
 
 def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def role_status(desired: int, deployment: dict[str, Any] | None) -> dict[str, Any]:
@@ -52,8 +52,9 @@ def _role_condition(kind: str, rs: dict[str, Any], deployment: dict[str, Any] | 
     return "False", "ReplicasNotReady", f"{ready}/{desired} {kind} pods ready, {updated} updated"
 
 
-def _condition(previous: dict[str, dict[str, Any]], ctype: str, status: str, reason: str, message: str,
-               generation: int | None) -> dict[str, Any]:
+def _condition(
+    previous: dict[str, dict[str, Any]], ctype: str, status: str, reason: str, message: str, generation: int | None
+) -> dict[str, Any]:
     before = previous.get(ctype)
     changed = before is None or before.get("status") != status
     return {
@@ -81,19 +82,29 @@ def compute(
         st, reason, msg = _role_condition(w, roles[w], deployments.get(w))
         all_ready &= st == "True"
         conditions.append(_condition(prev_conditions, names[w], st, reason, msg, gen))
-    rolling = [w for w in WORKLOADS
-               if roles[w]["updatedReplicas"] < desired[w] or outdated_pods(deployments.get(w))]
+    rolling = [w for w in WORKLOADS if roles[w]["updatedReplicas"] < desired[w] or outdated_pods(deployments.get(w))]
     conditions.append(
-        _condition(prev_conditions, "Progressing", "True" if rolling else "False",
-                   "RollingOut" if rolling else "Stable",
-                   f"rolling out: {', '.join(rolling)}" if rolling else "all workloads on the current spec", gen)
+        _condition(
+            prev_conditions,
+            "Progressing",
+            "True" if rolling else "False",
+            "RollingOut" if rolling else "Stable",
+            f"rolling out: {', '.join(rolling)}" if rolling else "all workloads on the current spec",
+            gen,
+        )
     )
     not_ready = [names[w] for w in WORKLOADS if conditions[1 + WORKLOADS.index(w)]["status"] != "True"]
-    conditions.insert(0, _condition(
-        prev_conditions, "Ready", "True" if all_ready else "False",
-        "AllComponentsReady" if all_ready else "ComponentsNotReady",
-        "prefill, decode and router are ready" if all_ready else f"not ready: {', '.join(not_ready)}", gen,
-    ))
+    conditions.insert(
+        0,
+        _condition(
+            prev_conditions,
+            "Ready",
+            "True" if all_ready else "False",
+            "AllComponentsReady" if all_ready else "ComponentsNotReady",
+            "prefill, decode and router are ready" if all_ready else f"not ready: {', '.join(not_ready)}",
+            gen,
+        ),
+    )
     return {
         "observedGeneration": gen,
         **roles,

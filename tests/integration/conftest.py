@@ -12,12 +12,12 @@ import re
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
-
 from duplex_dev.cluster import ClusterError, LocalCluster, tools
 
 _CLUSTER = pytest.StashKey[LocalCluster]()
@@ -29,10 +29,16 @@ def _in_ci() -> bool:
 
 def _fail_missing_binaries(reason: str) -> None:
     if _in_ci():
-        pytest.fail(f"CI: the control plane binaries are missing ({reason}). .ci/run must build them with "
-                    "hack/build-tools.sh before the integration tests; this is a failure, not a skip.", pytrace=False)
-    pytest.fail(f"the control plane binaries are missing ({reason}): run hack/setup.sh "
-                "(or bash hack/build-tools.sh), then re-run the tests", pytrace=False)
+        pytest.fail(
+            f"CI: the control plane binaries are missing ({reason}). .ci/run must build them with "
+            "hack/build-tools.sh before the integration tests; this is a failure, not a skip.",
+            pytrace=False,
+        )
+    pytest.fail(
+        f"the control plane binaries are missing ({reason}): run hack/setup.sh "
+        "(or bash hack/build-tools.sh), then re-run the tests",
+        pytrace=False,
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -61,8 +67,11 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     if reuse:
         found = LocalCluster(Path(reuse).expanduser().resolve().parent)
         if not found.is_running():
-            pytest.fail(f"DUPLEX_KUBECONFIG={reuse} is not the kubeconfig of a running `duplex-dev cluster up` cluster "
-                        f"(state dir {found.state_dir}): {found.status().render()}", pytrace=False)
+            pytest.fail(
+                f"DUPLEX_KUBECONFIG={reuse} is not the kubeconfig of a running `duplex-dev cluster up` cluster "
+                f"(state dir {found.state_dir}): {found.status().render()}",
+                pytrace=False,
+            )
         request.config.stash[_CLUSTER] = found
         yield found
         return
@@ -116,7 +125,7 @@ class Kubectl:
         ns = ["-n", namespace] if namespace else []
         return self("apply", *ns, "-f", "-", input=manifest)
 
-    def as_kubeconfig(self, kubeconfig: Path) -> "Kubectl":
+    def as_kubeconfig(self, kubeconfig: Path) -> Kubectl:
         return Kubectl(self.binary, kubeconfig)
 
 

@@ -59,8 +59,8 @@ class OperatorProcess:
             "--resync-seconds", str(self.resync_seconds),
         ]  # fmt: skip
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def kill(self) -> None:
         """SIGKILL: no graceful shutdown, as a crashed pod would get."""

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from duplex_dev.cluster import tools
 from duplex_dev.cluster.cli import main as cluster_cli
 from duplex_dev.processes import ProcessRecord, is_alive
@@ -17,8 +16,13 @@ from duplex_dev.processes import ProcessRecord, is_alive
 pytestmark = pytest.mark.cluster
 
 FAKE_NODES = [d for d in yaml.safe_load_all(tools.FAKE_NODES.read_text()) if d]
-GPU_RESOURCES = {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "16", "hugepages-2Mi": "5120Mi",
-                 "cpu": "4", "memory": "16Gi"}
+GPU_RESOURCES = {
+    "nvidia.com/gpu": "8",
+    "vpc.amazonaws.com/efa": "16",
+    "hugepages-2Mi": "5120Mi",
+    "cpu": "4",
+    "memory": "16Gi",
+}
 
 
 def deployment(name: str, replicas: int, resources: dict | None = None, tolerations: list | None = None) -> dict:
@@ -66,12 +70,16 @@ def test_nodes_are_ready_with_the_fixture_allocatable(kubectl):
         for resource, quantity in want["status"]["allocatable"].items():
             assert node["status"]["allocatable"][resource] == quantity, (node["metadata"]["name"], resource)
         assert node["metadata"]["labels"] == {**node["metadata"]["labels"], **want["metadata"]["labels"]}
-        assert ([(t["key"], t["effect"]) for t in node["spec"].get("taints", [])]
-                == [(t["key"], t["effect"]) for t in want["spec"].get("taints", [])])
+        assert [(t["key"], t["effect"]) for t in node["spec"].get("taints", [])] == [
+            (t["key"], t["effect"]) for t in want["spec"].get("taints", [])
+        ]
     p5en = [n for n in live.values() if n["metadata"]["labels"]["node.kubernetes.io/instance-type"] == "p5en.48xlarge"]
     assert len(p5en) >= 2
-    assert all(n["status"]["allocatable"]["nvidia.com/gpu"] == "8" and
-               n["status"]["allocatable"]["vpc.amazonaws.com/efa"] == "16" for n in p5en)
+    assert all(
+        n["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+        and n["status"]["allocatable"]["vpc.amazonaws.com/efa"] == "16"
+        for n in p5en
+    )
 
 
 def test_gpu_efa_pods_land_on_p5en_only_and_run(kubectl, namespace, wait_for):
@@ -84,8 +92,9 @@ def test_gpu_efa_pods_land_on_p5en_only_and_run(kubectl, namespace, wait_for):
         assert node["metadata"]["labels"]["node.kubernetes.io/instance-type"] == "p5en.48xlarge"
         # kwok allocates the pod IP from the node's own podCIDR and reports the node's InternalIP as hostIP.
         assert ipaddress.ip_address(pod["status"]["podIP"]) in ipaddress.ip_network(node["spec"]["podCIDR"])
-        assert pod["status"]["hostIP"] == next(a["address"] for a in node["status"]["addresses"]
-                                               if a["type"] == "InternalIP")
+        assert pod["status"]["hostIP"] == next(
+            a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP"
+        )
         hosts.add(node["metadata"]["name"])
     assert len(hosts) == 2, "8 GPUs each: two pods cannot share a p5en node"
 
@@ -117,8 +126,11 @@ def test_deleting_a_deployment_garbage_collects_its_pods(kubectl, namespace, wai
     wait_for(lambda: running(pods(kubectl, namespace, "gc"), 3), timeout=90, what="3 pods Running")
     assert kubectl.json("-n", namespace, "get", "replicasets")["items"], "the deployment controller made no RS"
     kubectl("-n", namespace, "delete", "deployment", "gc", "--wait=false")
-    wait_for(lambda: not pods(kubectl, namespace, "gc") and not kubectl.json("-n", namespace, "get", "rs")["items"],
-             timeout=90, what="ReplicaSet and pods garbage-collected")
+    wait_for(
+        lambda: not pods(kubectl, namespace, "gc") and not kubectl.json("-n", namespace, "get", "rs")["items"],
+        timeout=90,
+        what="ReplicaSet and pods garbage-collected",
+    )
 
 
 def audit_events(path: Path) -> list[dict]:
@@ -129,10 +141,14 @@ def test_audit_log_records_write_requests(cluster, kubectl, namespace):
     kubectl("-n", namespace, "create", "configmap", "audit-probe", "--from-literal=a=1")
     kubectl("-n", namespace, "patch", "configmap", "audit-probe", "--type=merge", "-p", '{"data":{"a":"2"}}')
     kubectl("-n", namespace, "delete", "configmap", "audit-probe")
-    mine = [e for e in audit_events(cluster.audit_log_path)
-            if e.get("objectRef", {}).get("namespace") == namespace
-            and e["objectRef"].get("resource") == "configmaps" and e["objectRef"].get("name") in ("audit-probe", None)
-            and e["verb"] in ("create", "update", "patch", "delete")]
+    mine = [
+        e
+        for e in audit_events(cluster.audit_log_path)
+        if e.get("objectRef", {}).get("namespace") == namespace
+        and e["objectRef"].get("resource") == "configmaps"
+        and e["objectRef"].get("name") in ("audit-probe", None)
+        and e["verb"] in ("create", "update", "patch", "delete")
+    ]
     assert [e["verb"] for e in mine] == ["create", "patch", "delete"]
     assert all(e["level"] == "Metadata" and e["stage"] == "ResponseComplete" for e in mine)
     assert {e["user"]["username"] for e in mine} == {"duplex-admin"}
@@ -141,7 +157,7 @@ def test_audit_log_records_write_requests(cluster, kubectl, namespace):
 
 def test_client_cert_users_are_subject_to_rbac(cluster, kubectl, namespace, wait_for):
     viewer = kubectl.as_kubeconfig(cluster.kubeconfig_for_user("alice", ["duplex:testers"], namespace=namespace))
-    with pytest.raises(AssertionError, match="Forbidden|forbidden"):
+    with pytest.raises(AssertionError, match=r"Forbidden|forbidden"):
         viewer("get", "pods")
     kubectl("-n", namespace, "create", "rolebinding", "alice-view", "--clusterrole=view", "--user=alice")
 
@@ -196,6 +212,9 @@ def test_restart_apiserver_keeps_data_and_controllers_reconnect(cluster, kubectl
     assert kubectl.json("-n", namespace, "get", "configmap", "survivor")["data"] == {"k": "v"}
     # The controller-manager, scheduler and kwok reconnect on their own: a new Deployment still ends up Running.
     kubectl.apply(deployment("after-restart", 1, {"cpu": "100m", "memory": "64Mi"}), namespace)
-    wait_for(lambda: running(pods(kubectl, namespace, "after-restart"), 1), timeout=120,
-             what="a pod Running after the apiserver restart")
+    wait_for(
+        lambda: running(pods(kubectl, namespace, "after-restart"), 1),
+        timeout=120,
+        what="a pod Running after the apiserver restart",
+    )
     assert cluster.is_running()

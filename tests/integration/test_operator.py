@@ -6,11 +6,11 @@ from __future__ import annotations
 import copy
 import json
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import yaml
-
 from operator_harness import (
     OPERATOR_USER,
     ROOT,
@@ -72,7 +72,9 @@ def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any] | None:
 def is_ready(kubectl: Any, namespace: str) -> bool:
     obj = get_dsv(kubectl, namespace)
     c = condition(obj, "Ready")
-    return bool(c and c["status"] == "True" and obj["status"].get("observedGeneration") == obj["metadata"]["generation"])
+    return bool(
+        c and c["status"] == "True" and obj["status"].get("observedGeneration") == obj["metadata"]["generation"]
+    )
 
 
 def pods(kubectl: Any, namespace: str, role: str) -> list[dict[str, Any]]:
@@ -132,8 +134,9 @@ def test_seed_example_becomes_ready_on_fake_efa_nodes(op, kubectl, namespace, wa
     (router_pod,) = pods(kubectl, namespace, "router")
     assert types[router_pod["spec"]["nodeName"]] not in ("p5en.48xlarge", "trn2.48xlarge")
 
-    events = kubectl.json("-n", namespace, "get", "events",
-                          "--field-selector", "involvedObject.kind=DisaggregatedServing")["items"]
+    events = kubectl.json(
+        "-n", namespace, "get", "events", "--field-selector", "involvedObject.kind=DisaggregatedServing"
+    )["items"]
     reasons = {e["reason"] for e in events if e["involvedObject"]["name"] == "qwen3-32b"}
     assert {"Applied", "Ready"} <= reasons, reasons
 
@@ -160,14 +163,25 @@ def test_drift_is_restored(op, kubectl, namespace, wait_for):
     kubectl("-n", namespace, "scale", "deployment", "qwen3-32b-decode", "--replicas=3")
     kubectl("-n", namespace, "delete", "configmap", "qwen3-32b-router")
     kubectl("-n", namespace, "delete", "service", "qwen3-32b-prefill")
-    kubectl("-n", namespace, "patch", "role", "qwen3-32b-router", "--type=json",
-            "-p", '[{"op":"replace","path":"/rules/0/verbs","value":["get","list","watch","delete"]}]')
+    kubectl(
+        "-n",
+        namespace,
+        "patch",
+        "role",
+        "qwen3-32b-router",
+        "--type=json",
+        "-p",
+        '[{"op":"replace","path":"/rules/0/verbs","value":["get","list","watch","delete"]}]',
+    )
 
     def restored() -> bool:
         d = kubectl.json("-n", namespace, "get", "deployment", "qwen3-32b-decode")
         role = kubectl.json("-n", namespace, "get", "role", "qwen3-32b-router")
-        return (d["spec"]["replicas"] == 1 and children(kubectl, namespace) == EXPECTED_CHILDREN
-                and role["rules"][0]["verbs"] == ["get", "list", "watch"])
+        return (
+            d["spec"]["replicas"] == 1
+            and children(kubectl, namespace) == EXPECTED_CHILDREN
+            and role["rules"][0]["verbs"] == ["get", "list", "watch"]
+        )
 
     wait_for(restored, timeout=60, what="drift restored")
     cm = kubectl.json("-n", namespace, "get", "configmap", "qwen3-32b-router")
@@ -178,8 +192,11 @@ def test_scaling_a_role_moves_pods_and_status(op, kubectl, namespace, wait_for):
     kubectl.apply(seed(namespace))
     wait_for(lambda: is_ready(kubectl, namespace), timeout=120, what="Ready")
     kubectl("-n", namespace, "patch", "dsv", "qwen3-32b", "--type=merge", "-p", '{"spec":{"decode":{"replicas":2}}}')
-    wait_for(lambda: len([p for p in pods(kubectl, namespace, "decode") if p["status"].get("phase") == "Running"]) == 2,
-             timeout=90, what="2 decode pods running")
+    wait_for(
+        lambda: len([p for p in pods(kubectl, namespace, "decode") if p["status"].get("phase") == "Running"]) == 2,
+        timeout=90,
+        what="2 decode pods running",
+    )
     wait_for(lambda: get_dsv(kubectl, namespace)["status"]["decode"]["summary"] == "2/2", timeout=60, what="2/2")
     wait_for(lambda: is_ready(kubectl, namespace), timeout=60, what="Ready again")
     nodes = {p["spec"]["nodeName"] for p in pods(kubectl, namespace, "decode")}
@@ -193,11 +210,26 @@ def test_engine_settings_roll_engines_router_settings_do_not(op, kubectl, namesp
     hash_before = get_dsv(kubectl, namespace)["status"]["engineConfigHash"]
 
     # Router-only change: the ConfigMap follows, engine templates stay byte-identical.
-    kubectl("-n", namespace, "patch", "dsv", "qwen3-32b", "--type=merge",
-            "-p", '{"spec":{"router":{"conversation":{"ttl":300}}}}')
-    wait_for(lambda: json.loads(kubectl.json("-n", namespace, "get", "configmap", "qwen3-32b-router")
-                                ["data"]["router.json"])["conversation"]["ttl_seconds"] == 300,
-             timeout=60, what="router config updated")
+    kubectl(
+        "-n",
+        namespace,
+        "patch",
+        "dsv",
+        "qwen3-32b",
+        "--type=merge",
+        "-p",
+        '{"spec":{"router":{"conversation":{"ttl":300}}}}',
+    )
+    wait_for(
+        lambda: (
+            json.loads(kubectl.json("-n", namespace, "get", "configmap", "qwen3-32b-router")["data"]["router.json"])[
+                "conversation"
+            ]["ttl_seconds"]
+            == 300
+        ),
+        timeout=60,
+        what="router config updated",
+    )
     for r in ("prefill", "decode"):
         now = kubectl.json("-n", namespace, "get", "deployment", f"qwen3-32b-{r}")
         assert now["metadata"]["generation"] == before[r]["metadata"]["generation"], r
@@ -206,8 +238,16 @@ def test_engine_settings_roll_engines_router_settings_do_not(op, kubectl, namesp
 
     # Engine-facing change: TTL and threshold reach --kv-transfer-config and the pods roll.
     old_pods = {p["metadata"]["name"] for r in ("prefill", "decode") for p in pods(kubectl, namespace, r)}
-    kubectl("-n", namespace, "patch", "dsv", "qwen3-32b", "--type=merge",
-            "-p", '{"spec":{"kvTransfer":{"decodeBlocksTTL":600,"recomputeThreshold":256}}}')
+    kubectl(
+        "-n",
+        namespace,
+        "patch",
+        "dsv",
+        "qwen3-32b",
+        "--type=merge",
+        "-p",
+        '{"spec":{"kvTransfer":{"decodeBlocksTTL":600,"recomputeThreshold":256}}}',
+    )
 
     def rolled() -> bool:
         for r in ("prefill", "decode"):
@@ -215,8 +255,12 @@ def test_engine_settings_roll_engines_router_settings_do_not(op, kubectl, namesp
             extra = kv_config(d)["kv_connector_extra_config"]
             if extra["decoder_kv_blocks_ttl"] != 600 or extra["kv_recompute_threshold"] != 256:
                 return False
-        current = {p["metadata"]["name"] for r in ("prefill", "decode") for p in pods(kubectl, namespace, r)
-                   if p["status"].get("phase") == "Running" and "deletionTimestamp" not in p["metadata"]}
+        current = {
+            p["metadata"]["name"]
+            for r in ("prefill", "decode")
+            for p in pods(kubectl, namespace, r)
+            if p["status"].get("phase") == "Running" and "deletionTimestamp" not in p["metadata"]
+        }
         return len(current) == 2 and not (current & old_pods)
 
     wait_for(rolled, timeout=120, what="engines rolled with the new kv-transfer-config")
@@ -226,7 +270,10 @@ def test_engine_settings_roll_engines_router_settings_do_not(op, kubectl, namesp
 
 def test_invalid_specs_are_rejected_by_the_api_server(op, kubectl, namespace):
     cases = [
-        ({"router__conversation__ttl": 480}, "router.conversation.ttl must be strictly below kvTransfer.decodeBlocksTTL"),
+        (
+            {"router__conversation__ttl": 480},
+            "router.conversation.ttl must be strictly below kvTransfer.decodeBlocksTTL",
+        ),
         ({"decode__tensorParallelSize": 4}, "decode.tensorParallelSize must be >= prefill.tensorParallelSize"),
         ({"prefill__extraArgs": ["--kv-transfer-config={}"]}, "use spec.kvTransfer instead"),
         ({"decode__extraArgs": ["--tensor-parallel-size", "4"]}, "use spec.decode.tensorParallelSize instead"),
@@ -272,7 +319,9 @@ def test_rendered_messages_match_admission(op, kubectl, namespace, tmp_path):
     doc = seed(namespace, router__conversation__ttl=500)
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(doc))
-    proc = subprocess.run([sys.executable, "-m", "duplex.cli", "render", "-f", str(path)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "duplex.cli", "render", "-f", str(path)], capture_output=True, text=True
+    )
     assert proc.returncode != 0
     with pytest.raises(AssertionError) as err:
         kubectl("apply", "--dry-run=server", "-f", str(path))
@@ -292,8 +341,9 @@ def test_noop_resync_makes_zero_writes(op, cluster, kubectl, namespace, wait_for
     # The same window was not idle: the operator kept resyncing (its own metrics count the passes).
     assert op.alive()
     passes = op.metric("duplex_reconciles_total", result="ok")
-    wait_for(lambda: op.metric("duplex_reconciles_total", result="ok") >= passes + 2, timeout=20,
-             what="more resync passes")
+    wait_for(
+        lambda: op.metric("duplex_reconciles_total", result="ok") >= passes + 2, timeout=20, what="more resync passes"
+    )
     assert op.metric("duplex_managed_objects", namespace=namespace, serving="qwen3-32b", kind="Deployment") == 3
     assert op.metric("duplex_reconcile_duration_seconds_count") > 0
 
@@ -315,18 +365,31 @@ def test_operator_survives_api_server_restart(op, cluster, kubectl, namespace, w
     wait_for(lambda: is_ready(kubectl, namespace), timeout=120, what="Ready")
     cluster.restart_apiserver()
     kubectl("-n", namespace, "patch", "dsv", "qwen3-32b", "--type=merge", "-p", '{"spec":{"prefill":{"replicas":2}}}')
-    wait_for(lambda: kubectl.json("-n", namespace, "get", "deployment", "qwen3-32b-prefill")["spec"]["replicas"] == 2,
-             timeout=120, what="operator acted after the API server restart")
+    wait_for(
+        lambda: kubectl.json("-n", namespace, "get", "deployment", "qwen3-32b-prefill")["spec"]["replicas"] == 2,
+        timeout=120,
+        what="operator acted after the API server restart",
+    )
     assert op.alive()
 
 
 def test_operator_identity_is_least_privilege(op, cluster, kubectl):
     """The chart's ClusterRole is all the operator has: enough for every test above, nothing beyond."""
     as_operator = kubectl.as_kubeconfig(cluster.kubeconfig_for_user(OPERATOR_USER))
-    allowed = [("create", "deployments.apps"), ("patch", "disaggregatedservings.duplex.dev/status"),
-               ("watch", "endpointslices.discovery.k8s.io"), ("create", "roles.rbac.authorization.k8s.io")]
-    denied = [("get", "secrets"), ("list", "pods"), ("create", "clusterroles.rbac.authorization.k8s.io"),
-              ("delete", "namespaces"), ("create", "pods/exec"), ("update", "nodes")]
+    allowed = [
+        ("create", "deployments.apps"),
+        ("patch", "disaggregatedservings.duplex.dev/status"),
+        ("watch", "endpointslices.discovery.k8s.io"),
+        ("create", "roles.rbac.authorization.k8s.io"),
+    ]
+    denied = [
+        ("get", "secrets"),
+        ("list", "pods"),
+        ("create", "clusterroles.rbac.authorization.k8s.io"),
+        ("delete", "namespaces"),
+        ("create", "pods/exec"),
+        ("update", "nodes"),
+    ]
     for verb, resource in allowed:
         assert as_operator("auth", "can-i", verb, resource, "-A").strip() == "yes", (verb, resource)
     for verb, resource in denied:

@@ -14,11 +14,10 @@ from typing import Any
 
 import aiohttp.abc
 import pytest
-
-from duplex_sidecars.router.app import Router, RouterServer
 from duplex_dev.chat import ChatClient, Conversation
-from duplex_sidecars.router.config import RouterConfig
 from duplex_dev.launch.sim import SimProcess
+from duplex_sidecars.router.app import Router, RouterServer
+from duplex_sidecars.router.config import RouterConfig
 
 pytestmark = pytest.mark.cluster
 
@@ -31,8 +30,16 @@ class LoopbackResolver(aiohttp.abc.AbstractResolver):
     async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[dict[str, Any]]:
         if not host.endswith(".duplex.test"):
             raise OSError(f"{host} is not a test name")
-        return [{"hostname": host, "host": "127.0.0.1", "port": port, "family": socket.AF_INET, "proto": 0,
-                 "flags": socket.AI_NUMERICHOST}]
+        return [
+            {
+                "hostname": host,
+                "host": "127.0.0.1",
+                "port": port,
+                "family": socket.AF_INET,
+                "proto": 0,
+                "flags": socket.AI_NUMERICHOST,
+            }
+        ]
 
     async def close(self) -> None:
         pass
@@ -50,11 +57,15 @@ def endpoint_slice(name: str, service: str, sim: SimProcess, ready: bool = True)
     return {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
-        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": service,
-                                              "endpointslice.kubernetes.io/managed-by": "duplex-tests"}},
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/service-name": service, "endpointslice.kubernetes.io/managed-by": "duplex-tests"},
+        },
         "addressType": "FQDN",
-        "ports": [{"name": "http", "port": sim.port, "protocol": "TCP"},
-                  {"name": "nixl", "port": sim.side_channel_port, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "port": sim.port, "protocol": "TCP"},
+            {"name": "nixl", "port": sim.side_channel_port, "protocol": "TCP"},
+        ],
         "endpoints": [{"addresses": [fqdn(sim)], "conditions": {"ready": ready}}],
     }
 
@@ -76,12 +87,21 @@ async def test_router_follows_endpointslices(cluster, kubectl, namespace):
     try:
         await asyncio.gather(*(s.wait_ready_async() for s in sims))
         prefill, d1, d2 = sims
-        kubectl.apply([endpoint_slice("pre-1", "eng-prefill", prefill),
-                       endpoint_slice("dec-1", "eng-decode", d1),
-                       endpoint_slice("dec-2", "eng-decode", d2, ready=False)], namespace=namespace)
+        kubectl.apply(
+            [
+                endpoint_slice("pre-1", "eng-prefill", prefill),
+                endpoint_slice("dec-1", "eng-decode", d1),
+                endpoint_slice("dec-2", "eng-decode", d2, ready=False),
+            ],
+            namespace=namespace,
+        )
         config = RouterConfig(
-            discovery={"namespace": namespace, "prefill_service": "eng-prefill", "decode_service": "eng-decode",
-                       "kubeconfig": str(cluster.kubeconfig)},
+            discovery={
+                "namespace": namespace,
+                "prefill_service": "eng-prefill",
+                "decode_service": "eng-decode",
+                "kubeconfig": str(cluster.kubeconfig),
+            },
             health_check={"interval_seconds": 0.5, "timeout_seconds": 1},
         )
         router = Router(config, resolver=LoopbackResolver())
@@ -97,16 +117,22 @@ async def test_router_follows_endpointslices(cluster, kubectl, namespace):
             for conv in convs:
                 await client.turn(conv, LONG + conv.conversation_id)
             # d2 becomes ready, d1 stops being ready: d1's retained blocks are no longer reachable
-            kubectl.apply([endpoint_slice("dec-1", "eng-decode", d1, ready=False),
-                           endpoint_slice("dec-2", "eng-decode", d2, ready=True)], namespace=namespace)
+            kubectl.apply(
+                [
+                    endpoint_slice("dec-1", "eng-decode", d1, ready=False),
+                    endpoint_slice("dec-2", "eng-decode", d2, ready=True),
+                ],
+                namespace=namespace,
+            )
             await eventually(lambda: list(decode.engines) == [d2_url], what="decode set switched to d2")
             await router.engines.settle()
             assert router.metrics.registry.get_sample_value("duplex_router_store_dropped_entries_total") == 3
             await eventually(lambda: decode.engines[d2_url].healthy is True, what="d2 probed healthy")
             for conv in convs:
                 await client.turn(conv, "and then?")
-            misses = router.metrics.registry.get_sample_value("duplex_router_kv_reuse_misses_total",
-                                                              {"reason": "endpoint_gone"})
+            misses = router.metrics.registry.get_sample_value(
+                "duplex_router_kv_reuse_misses_total", {"reason": "endpoint_gone"}
+            )
             assert misses == 3
             # the next turns reuse d2's blocks
             for conv in convs:

@@ -8,18 +8,18 @@ import json
 import os
 import signal
 import uuid
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
-
-from duplex_sidecars.router.app import Router, RouterServer
 from duplex_dev.chat import ChatClient, Conversation, sse_events
+from duplex_dev.launch.sim import SimProcess
+from duplex_sidecars.router.app import Router, RouterServer
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.config_file import deep_merge
 from duplex_sidecars.sim import generation
 from duplex_sidecars.sim.chat_template import render_chat
-from duplex_dev.launch.sim import SimProcess
 
 LONG = "Tell me everything about the history of the printing press. " * 10
 QUIET_PROBES = {"health_check": {"interval_seconds": 60, "timeout_seconds": 1}}
@@ -71,8 +71,13 @@ def metric(router: Router, name: str, **labels: str) -> float:
 async def test_decode_killed_mid_stream_ends_the_stream_cleanly(running):
     p, d = await running.sims_up(SimProcess("prefill"), SimProcess("decode", "--decode-us-per-token", "30000"))
     router, client = await running.router([p], [d])
-    body = {"model": "sim", "messages": [{"role": "user", "content": LONG}], "stream": True, "max_tokens": 60,
-            "conversation_id": "mid-stream"}
+    body = {
+        "model": "sim",
+        "messages": [{"role": "user", "content": LONG}],
+        "stream": True,
+        "max_tokens": 60,
+        "conversation_id": "mid-stream",
+    }
     raw = bytearray()
     async with client._session.post(client.base + "/v1/chat/completions", json=body) as resp:
         assert resp.status == 200
@@ -89,15 +94,15 @@ async def test_decode_killed_mid_stream_ends_the_stream_cleanly(running):
     assert all("kv_transfer_params" not in json.dumps(e) for e in events)
     assert metric(router, "duplex_router_kv_captures_total", outcome="stored") == 0
     # with its only decode engine gone the router answers 503 with a clear message, not a hang or a crash
-    async with client._session.post(client.base + "/v1/chat/completions",
-                                     json={**body, "stream": False}) as resp:
+    async with client._session.post(client.base + "/v1/chat/completions", json={**body, "stream": False}) as resp:
         assert resp.status == 503
         assert (await resp.json())["error"]["message"] == "No decode engine could be reached."
 
 
 async def test_decode_failing_before_the_first_byte_retries_with_a_fresh_prefill(running):
     p, small, ok = await running.sims_up(
-        SimProcess("prefill"), SimProcess("decode", "--num-blocks", "4"), SimProcess("decode"))
+        SimProcess("prefill"), SimProcess("decode", "--num-blocks", "4"), SimProcess("decode")
+    )
     router, client = await running.router([p], [small, ok])
     router.engines.decode.engines[ok.url].healthy = None  # so the first pick is the engine that cannot fit it
     messages = [{"role": "user", "content": LONG}]
@@ -148,8 +153,9 @@ async def test_all_prefill_engines_down_is_a_503(running):
     p, d = await running.sims_up(SimProcess("prefill"), SimProcess("decode"))
     router, client = await running.router([p], [d])
     await asyncio.to_thread(p.stop)
-    async with client._session.post(client.base + "/v1/chat/completions",
-                                     json={"model": "sim", "messages": [{"role": "user", "content": "hi"}]}) as resp:
+    async with client._session.post(
+        client.base + "/v1/chat/completions", json={"model": "sim", "messages": [{"role": "user", "content": "hi"}]}
+    ) as resp:
         assert resp.status == 503
         assert "prefill" in (await resp.json())["error"]["message"]
     await router.prober.probe_all()
@@ -160,8 +166,9 @@ async def test_all_prefill_engines_down_is_a_503(running):
 async def test_slow_prefill_times_out_with_a_504(running):
     p, d = await running.sims_up(SimProcess("prefill", "--prefill-us-per-token", "20000"), SimProcess("decode"))
     router, client = await running.router([p], [d], timeouts={"prefill_seconds": 0.3})
-    async with client._session.post(client.base + "/v1/chat/completions",
-                                     json={"model": "sim", "messages": [{"role": "user", "content": LONG}]}) as resp:
+    async with client._session.post(
+        client.base + "/v1/chat/completions", json={"model": "sim", "messages": [{"role": "user", "content": LONG}]}
+    ) as resp:
         assert resp.status == 504
         body = await resp.json()
         assert body["error"]["type"] == "timeout" and "prefill" in body["error"]["message"]
@@ -172,9 +179,16 @@ async def test_client_disconnect_mid_stream_aborts_the_decode_request(running):
     p, d = await running.sims_up(SimProcess("prefill"), SimProcess("decode", "--decode-us-per-token", "20000"))
     router, client = await running.router([p], [d])
     async with aiohttp.ClientSession() as session:
-        resp = await session.post(client.base + "/v1/chat/completions", json={
-            "model": "sim", "messages": [{"role": "user", "content": LONG}], "stream": True, "max_tokens": 200,
-            "conversation_id": "walks-away"})
+        resp = await session.post(
+            client.base + "/v1/chat/completions",
+            json={
+                "model": "sim",
+                "messages": [{"role": "user", "content": LONG}],
+                "stream": True,
+                "max_tokens": 200,
+                "conversation_id": "walks-away",
+            },
+        )
         await resp.content.readany()
         resp.close()  # the client walks away
     for _ in range(100):

@@ -9,10 +9,9 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
-
 from duplex_dev.chat import ChatClient, Conversation
 from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.sim import SimProcess, sim_pair
@@ -32,11 +31,17 @@ def engines() -> Iterator[tuple[SimProcess, SimProcess]]:
 def routers(redis_server, engines) -> Iterator[tuple[RouterProcess, RouterProcess]]:
     prefill, decode = engines
     prefix = f"t{uuid.uuid4().hex[:8]}:"
-    a = RouterProcess(prefill=[prefill.url], decode=[decode.url],
-                      config={"store": {"kind": "redis", "redis_url": redis_server.url, "key_prefix": prefix}})
-    b = RouterProcess(prefill=[prefill.url], decode=[decode.url],
-                      config={"store": {"kind": "redis", "redis_url_env": "DUPLEX_TEST_REDIS", "key_prefix": prefix}},
-                      env={"DUPLEX_TEST_REDIS": redis_server.url})
+    a = RouterProcess(
+        prefill=[prefill.url],
+        decode=[decode.url],
+        config={"store": {"kind": "redis", "redis_url": redis_server.url, "key_prefix": prefix}},
+    )
+    b = RouterProcess(
+        prefill=[prefill.url],
+        decode=[decode.url],
+        config={"store": {"kind": "redis", "redis_url_env": "DUPLEX_TEST_REDIS", "key_prefix": prefix}},
+        env={"DUPLEX_TEST_REDIS": redis_server.url},
+    )
     try:
         a.start(), b.start()
         a.wait_ready(), b.wait_ready()

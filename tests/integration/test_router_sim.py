@@ -11,17 +11,17 @@ from __future__ import annotations
 import asyncio
 import copy
 import uuid
-from typing import Any, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
-
-from duplex_sidecars.router.app import Router, RouterServer
 from duplex_dev.chat import ChatClient, Conversation, TurnFailed
+from duplex_dev.launch.sim import SimProcess
+from duplex_sidecars.router.app import Router, RouterServer
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.config_file import deep_merge
 from duplex_sidecars.sim import generation
 from duplex_sidecars.sim.chat_template import render_chat
-from duplex_dev.launch.sim import SimProcess
 
 EXTERNAL = "vllm:prompt_tokens_by_source_total"
 CORRUPT = "sim_corrupt_blocks_total"
@@ -127,8 +127,9 @@ async def test_completions_reuse(make_rig):
     prompt = LONG
     external0 = rig.engines.external()
     for turn in range(3):
-        async with session.post(url, json={"model": "sim", "prompt": prompt, "max_tokens": 12,
-                                           "conversation_id": "completion-conv"}) as resp:
+        async with session.post(
+            url, json={"model": "sim", "prompt": prompt, "max_tokens": 12, "conversation_id": "completion-conv"}
+        ) as resp:
             body = await resp.json()
             assert resp.status == 200 and "kv_transfer_params" not in body
         prompt = prompt + body["choices"][0]["text"] + f" and then part {turn}"
@@ -138,23 +139,41 @@ async def test_completions_reuse(make_rig):
 
 async def test_tool_call_histories_reuse(make_rig):
     rig = await make_rig()
-    tools = [{"type": "function", "function": {"name": "lookup", "description": "look a thing up",
-                                               "parameters": {"type": "object", "properties": {}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": "look a thing up",
+                "parameters": {"type": "object", "properties": {}},
+            },
+        }
+    ]
     conv = Conversation("tools-" + uuid.uuid4().hex)
     conv.messages = [
         {"role": "system", "content": "You are a careful assistant."},
         {"role": "user", "content": LONG},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\": \"x\"}"}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "the answer is 42"},
     ]
     first = await rig.client.send(conv.messages, conv.conversation_id, tools=tools)
     assert first.text == expected_reply(conv.messages, tools=tools)
     conv.messages.append({"role": "assistant", "content": first.text})
-    conv.messages += [{"role": "user", "content": "Now call it again."},
-                      {"role": "assistant", "content": "", "tool_calls": [
-                          {"id": "call_2", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]},
-                      {"role": "tool", "tool_call_id": "call_2", "content": "still 42"}]
+    conv.messages += [
+        {"role": "user", "content": "Now call it again."},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "call_2", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "call_2", "content": "still 42"},
+    ]
     second = await rig.client.send(conv.messages, conv.conversation_id, stream=True, tools=tools)
     assert second.text == expected_reply(conv.messages, tools=tools)
     assert rig.hits == 1
@@ -180,8 +199,9 @@ def _variant(history: list[dict[str, Any]], variant: str) -> list[dict[str, Any]
     return changed + [{"role": "user", "content": "next question"}]
 
 
-@pytest.mark.parametrize("variant", ["edited user turn", "edited reply", "truncated reply", "reordered",
-                                     "dropped turn"])
+@pytest.mark.parametrize(
+    "variant", ["edited user turn", "edited reply", "truncated reply", "reordered", "dropped turn"]
+)
 async def test_changed_histories_never_reuse(make_rig, variant):
     rig = await make_rig()
     conv = Conversation("edit-" + uuid.uuid4().hex)
@@ -261,8 +281,7 @@ async def test_two_hundred_concurrent_conversations_without_cross_talk(make_rig)
     await asyncio.gather(*(run(i, c) for i, c in enumerate(convs)))
     assert rig.hits == n
     assert rig.engines.external() - external0 == rig.reused_tokens
-    assert rig.metric("duplex_router_inflight_requests", role="decode",
-                      endpoint=rig.engines.decodes[0].url) == 0
+    assert rig.metric("duplex_router_inflight_requests", role="decode", endpoint=rig.engines.decodes[0].url) == 0
 
 
 async def test_engine_rejections_pass_through(make_rig):

@@ -16,9 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-
-from duplex_sidecars import protocol as pr
 from duplex_dev.launch.sim import SimProcess, SimStartError
+from duplex_sidecars import protocol as pr
 from duplex_sidecars.sim.nixl_transport import NixlUnavailable, load_nixl_api
 
 pytestmark = [pytest.mark.nixl, pytest.mark.timeout(180)]
@@ -34,8 +33,9 @@ def sims() -> Any:
         pytest.fail(f"nixl is required for the NIXL tier (CI and local): {e}")
     procs = {
         # Prefill without a prefix cache (as in the upstream blog's benchmark) so every replay has a D->P pull to do.
-        "prefill": SimProcess("prefill", "--no-enable-prefix-caching", "--kv-load-failure-policy", "recompute",
-                              FAIL_ON_CORRUPT),  # fmt: skip
+        "prefill": SimProcess(
+            "prefill", "--no-enable-prefix-caching", "--kv-load-failure-policy", "recompute", FAIL_ON_CORRUPT
+        ),
         "decode": SimProcess("decode", FAIL_ON_CORRUPT),
         "decode_short_ttl": SimProcess("decode", "--decoder-kv-blocks-ttl", "2", FAIL_ON_CORRUPT),
         "decode_unidirectional": SimProcess("decode", "--no-bidirectional", FAIL_ON_CORRUPT),
@@ -71,7 +71,7 @@ def stream(sim: SimProcess, body: dict[str, Any]) -> list[Any]:
     with urllib.request.urlopen(req, timeout=30) as resp:
         assert resp.headers["Content-Type"].startswith("text/event-stream")
         lines = [ln.decode().strip() for ln in resp]
-    payloads = [ln[len("data: "):] for ln in lines if ln.startswith("data: ")]
+    payloads = [ln[len("data: ") :] for ln in lines if ln.startswith("data: ")]
     return [p if p == "[DONE]" else json.loads(p) for p in payloads]
 
 
@@ -252,7 +252,9 @@ def test_streaming_decode_returns_params_on_the_final_chunk(sims):
     # The streamed params are as good as non-streamed ones for the next turn.
     follow = messages + [{"role": "assistant", "content": text}, {"role": "user", "content": "thanks"}]
     pm = Meter(p)
-    status, _ = prefill_leg(p, {"model": "sim", "messages": follow}, pr.replay_params(pr.replayable_decode_params(params)))
+    status, _ = prefill_leg(
+        p, {"model": "sim", "messages": follow}, pr.replay_params(pr.replayable_decode_params(params))
+    )
     assert status == 200
     assert pm.delta()["sim_nixl_reads_total"] == 1 and pm.delta()["sim_corrupt_blocks_total"] == 0
 
@@ -329,15 +331,14 @@ def test_idle_engines_leave_the_cpu_alone(sims):
     before, t0 = [cpu_seconds(pid) for pid in pids], time.monotonic()
     time.sleep(2)
     elapsed = time.monotonic() - t0
-    busy = [(cpu_seconds(pid) - b) / elapsed for pid, b in zip(pids, before)]
+    busy = [(cpu_seconds(pid) - b) / elapsed for pid, b in zip(pids, before, strict=False)]
     assert max(busy) < 0.1, f"idle engines use {busy} of a core"
 
 
 def test_launcher_reports_a_failed_start_with_the_log():
     bad = SimProcess("decode", "--block-bytes", "100", startup_timeout=20)
-    with pytest.raises(SimStartError, match="block-bytes") as info:
-        with bad:
-            pass
+    with pytest.raises(SimStartError, match="block-bytes") as info, bad:
+        pass
     assert "exited with code" in str(info.value)
     os.remove(bad.log_path)  # kept by the launcher because the engine failed
 

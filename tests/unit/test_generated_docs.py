@@ -15,9 +15,9 @@ def test_readme_field_reference_matches_the_models():
 
 
 def test_reference_lists_every_rule_message():
-    from duplex.crd import crd
-
     import json
+
+    from duplex.crd import crd
 
     schema_text = json.dumps(crd())
     for line in markdown().splitlines():

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from duplex_dev.versions import version
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,10 +42,16 @@ def vllm_python() -> Path:
         return python
     reason = f"{VENV} has no python" if not python.exists() else f"{MARKER} is missing (an unfinished install?)"
     if _in_ci():
-        pytest.fail(f"CI: the vLLM {VLLM_VERSION} virtualenv is missing ({reason}). .ci/run must run "
-                    "hack/setup-vllm.sh before the vLLM tier; this is a failure, not a skip.", pytrace=False)
-    pytest.fail(f"the vLLM {VLLM_VERSION} virtualenv is missing ({reason}): run hack/setup-vllm.sh "
-                "(about 3 minutes and 9 GB once), then re-run the tests", pytrace=False)
+        pytest.fail(
+            f"CI: the vLLM {VLLM_VERSION} virtualenv is missing ({reason}). .ci/run must run "
+            "hack/setup-vllm.sh before the vLLM tier; this is a failure, not a skip.",
+            pytrace=False,
+        )
+    pytest.fail(
+        f"the vLLM {VLLM_VERSION} virtualenv is missing ({reason}): run hack/setup-vllm.sh "
+        "(about 3 minutes and 9 GB once), then re-run the tests",
+        pytrace=False,
+    )
 
 
 @dataclass
@@ -66,14 +71,22 @@ def vllm_check(vllm_python: Path):
 
     def run(entries: list[dict[str, Any]]) -> CheckRun:
         started = time.monotonic()
-        proc = subprocess.run([str(vllm_python), str(CHECKER)], input=json.dumps(entries), capture_output=True,
-                              text=True, timeout=540, cwd=ROOT)
+        proc = subprocess.run(
+            [str(vllm_python), str(CHECKER)],
+            input=json.dumps(entries),
+            capture_output=True,
+            text=True,
+            timeout=540,
+            cwd=ROOT,
+        )
         seconds = time.monotonic() - started
         try:
             results = json.loads(proc.stdout)
         except json.JSONDecodeError:
-            pytest.fail(f"hack/vllm_check.py printed no JSON (exit {proc.returncode}); stderr tail:\n"
-                        f"{proc.stderr[-4000:]}", pytrace=False)
+            pytest.fail(
+                f"hack/vllm_check.py printed no JSON (exit {proc.returncode}); stderr tail:\n{proc.stderr[-4000:]}",
+                pytrace=False,
+            )
         return CheckRun(proc.returncode, results, proc.stderr, seconds)
 
     return run

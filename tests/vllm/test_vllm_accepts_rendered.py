@@ -23,25 +23,53 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "model": "Qwen/Qwen3-32B",
         "kv_buffer_device": "cuda",
         "kv_load_failure_policy": "recompute",
-        "extra": {"backends": ["LIBFABRIC"], "bidirectional_kv_xfer": True, "kv_recompute_threshold": 64,
-                  "decoder_kv_blocks_ttl": 480, "kv_lease_duration": 30},
-        "engine_config": {"tensor_parallel_size": 8, "block_size": 16, "max_model_len": 32768,
-                          "served_model_name": "Qwen"},
+        "extra": {
+            "backends": ["LIBFABRIC"],
+            "bidirectional_kv_xfer": True,
+            "kv_recompute_threshold": 64,
+            "decoder_kv_blocks_ttl": 480,
+            "kv_lease_duration": 30,
+        },
+        "engine_config": {
+            "tensor_parallel_size": 8,
+            "block_size": 16,
+            "max_model_len": 32768,
+            "served_model_name": "Qwen",
+        },
     },
     "examples/trainium.yaml": {
         "engines": {"llama-70b-trn2-prefill", "llama-70b-trn2-decode"},
         "model": "meta-llama/Llama-3.3-70B-Instruct",
         "kv_buffer_device": "cpu",
         "kv_load_failure_policy": "recompute",
-        "extra": {"backends": ["LIBFABRIC"], "bidirectional_kv_xfer": True, "kv_recompute_threshold": 128,
-                  "decoder_kv_blocks_ttl": 600, "kv_lease_duration": 30},
-        "engine_config": {"tensor_parallel_size": 32, "block_size": 32, "max_model_len": 16384,
-                          "served_model_name": "llama-70b"},
+        "extra": {
+            "backends": ["LIBFABRIC"],
+            "bidirectional_kv_xfer": True,
+            "kv_recompute_threshold": 128,
+            "decoder_kv_blocks_ttl": 600,
+            "kv_lease_duration": 30,
+        },
+        "engine_config": {
+            "tensor_parallel_size": 32,
+            "block_size": 32,
+            "max_model_len": 16384,
+            "served_model_name": "llama-70b",
+        },
     },
 }
 # Checks that must pass for a rendered command line; kv_buffer_device is skipped for out-of-tree (Neuron) devices.
-REQUIRED_CHECKS = ("parse", "validate_parsed_serve_args", "kv_transfer_config", "kv_connector", "extra_config",
-                   "extra_config_keys_read", "engine_args", "engine_config", "engine_config_values", "nixl_scheduler")
+REQUIRED_CHECKS = (
+    "parse",
+    "validate_parsed_serve_args",
+    "kv_transfer_config",
+    "kv_connector",
+    "extra_config",
+    "extra_config_keys_read",
+    "engine_args",
+    "engine_config",
+    "engine_config_values",
+    "nixl_scheduler",
+)
 
 
 def _device(container: dict[str, Any]) -> str | None:
@@ -56,8 +84,7 @@ def _device(container: dict[str, Any]) -> str | None:
 def rendered_engines(example: str) -> list[dict[str, Any]]:
     """The vllm container of every prefill and decode Deployment `duplex render -f example` prints."""
     duplex = Path(sys.executable).with_name("duplex")
-    proc = subprocess.run([str(duplex), "render", "-f", example], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([str(duplex), "render", "-f", example], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"duplex render -f {example} failed:\n{proc.stderr}"
     entries = []
     for obj in yaml.safe_load_all(proc.stdout):
@@ -69,8 +96,15 @@ def rendered_engines(example: str) -> list[dict[str, Any]]:
         containers = [c for c in obj["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
         assert len(containers) == 1, f"{obj['metadata']['name']}: expected one container named vllm"
         c = containers[0]
-        entries.append({"name": obj["metadata"]["name"], "role": role, "example": example,
-                        "argv": [*(c.get("command") or []), *(c.get("args") or [])], "device": _device(c)})
+        entries.append(
+            {
+                "name": obj["metadata"]["name"],
+                "role": role,
+                "example": example,
+                "argv": [*(c.get("command") or []), *(c.get("args") or [])],
+                "device": _device(c),
+            }
+        )
     return entries
 
 
@@ -138,18 +172,41 @@ def test_vllm_reads_the_kv_transfer_config_we_meant(example, rendered, rendered_
 # A hand-written command line (the reference launch of the protocol doc, section 4.1, with the keys vLLM 0.33 still
 # has) for the negative cases: each case changes one thing, and the unchanged line must pass.
 GOOD_KV = {
-    "kv_connector": "NixlConnector", "kv_buffer_device": "cuda", "kv_role": "kv_producer",
-    "engine_id": "prefill-engine-001", "kv_load_failure_policy": "recompute",
-    "kv_connector_extra_config": {"backends": ["LIBFABRIC"], "kv_recompute_threshold": 64,
-                                  "decoder_kv_blocks_ttl": 480, "kv_lease_duration": 30,
-                                  "bidirectional_kv_xfer": True},
+    "kv_connector": "NixlConnector",
+    "kv_buffer_device": "cuda",
+    "kv_role": "kv_producer",
+    "engine_id": "prefill-engine-001",
+    "kv_load_failure_policy": "recompute",
+    "kv_connector_extra_config": {
+        "backends": ["LIBFABRIC"],
+        "kv_recompute_threshold": 64,
+        "decoder_kv_blocks_ttl": 480,
+        "kv_lease_duration": 30,
+        "bidirectional_kv_xfer": True,
+    },
 }
 
 
 def _hand_written(name: str, kv: dict[str, Any] | None = None, tp: str = "8") -> dict[str, Any]:
-    argv = ["vllm", "serve", "Qwen/Qwen3-32B", "--served-model-name", "Qwen", "--dtype", "bfloat16",
-            "--tensor-parallel-size", tp, "--max-model-len", "32768", "--max-num-seqs", "8", "--port", "8100",
-            "--kv-transfer-config", json.dumps(GOOD_KV if kv is None else kv)]
+    argv = [
+        "vllm",
+        "serve",
+        "Qwen/Qwen3-32B",
+        "--served-model-name",
+        "Qwen",
+        "--dtype",
+        "bfloat16",
+        "--tensor-parallel-size",
+        tp,
+        "--max-model-len",
+        "32768",
+        "--max-num-seqs",
+        "8",
+        "--port",
+        "8100",
+        "--kv-transfer-config",
+        json.dumps(GOOD_KV if kv is None else kv),
+    ]
     return {"name": name, "argv": argv, "device": "cuda"}
 
 
@@ -163,14 +220,23 @@ NEGATIVE = {
     "tp-not-an-int": (_hand_written("tp-not-an-int", tp="eight"), "parse", "--tensor-parallel-size"),
     "unknown-kv-key": (_hand_written("unknown-kv-key", {**GOOD_KV, "kv_bogus_field": 1}), "parse", "kv_bogus_field"),
     # The blog's launch line carries kv_rank / kv_parallel_size, which KVTransferConfig no longer has.
-    "legacy-kv-rank": (_hand_written("legacy-kv-rank", {**GOOD_KV, "kv_rank": 0, "kv_parallel_size": 2}), "parse",
-                       "kv_rank"),
+    "legacy-kv-rank": (
+        _hand_written("legacy-kv-rank", {**GOOD_KV, "kv_rank": 0, "kv_parallel_size": 2}),
+        "parse",
+        "kv_rank",
+    ),
     # vLLM ignores extra keys it does not read, so a typo would silently switch the feature off.
-    "extra-key-typo": (_hand_written("extra-key-typo", _extra(bidirectional_kv_transfer=True)),
-                       "extra_config_keys_read", "bidirectional_kv_transfer"),
+    "extra-key-typo": (
+        _hand_written("extra-key-typo", _extra(bidirectional_kv_transfer=True)),
+        "extra_config_keys_read",
+        "bidirectional_kv_transfer",
+    ),
     # vLLM uses the raw value, and the string "false" is truthy.
-    "bool-as-string": (_hand_written("bool-as-string", _extra(bidirectional_kv_xfer="false")), "extra_config",
-                       "bidirectional_kv_xfer"),
+    "bool-as-string": (
+        _hand_written("bool-as-string", _extra(bidirectional_kv_xfer="false")),
+        "extra_config",
+        "bidirectional_kv_xfer",
+    ),
     "tp-not-dividing-heads": (_hand_written("tp-not-dividing-heads", tp="3"), "engine_config", "divisible"),
 }
 

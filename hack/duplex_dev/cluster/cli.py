@@ -12,19 +12,27 @@ from duplex_dev.cluster.tools import ToolsMissing
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--dir", default=None,
-                        help=f"state dir (default: $DUPLEX_CLUSTER_DIR or {default_state_dir()})")
+    common.add_argument(
+        "--dir", default=None, help=f"state dir (default: $DUPLEX_CLUSTER_DIR or {default_state_dir()})"
+    )
     parser = argparse.ArgumentParser(
         prog="duplex-dev cluster",
         description="A local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, "
-                    "kube-scheduler, kwok) with fake EKS EFA GPU nodes. No containers.")
+        "kube-scheduler, kwok) with fake EKS EFA GPU nodes. No containers.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", parents=[common], help="start the cluster (idempotent)")
-    up.add_argument("--bin-dir", default=None,
-                    help="dir with the binaries (default: $DUPLEX_BIN, else built or reused by hack/build-tools.sh)")
-    up.add_argument("--no-build", action="store_true",
-                    help="do not run hack/build-tools.sh; fail if the binaries are missing")
-    up.add_argument("--nodes", default=None, help="node manifests to register (default: tests/fixtures/fake-nodes.yaml)")
+    up.add_argument(
+        "--bin-dir",
+        default=None,
+        help="dir with the binaries (default: $DUPLEX_BIN, else built or reused by hack/build-tools.sh)",
+    )
+    up.add_argument(
+        "--no-build", action="store_true", help="do not run hack/build-tools.sh; fail if the binaries are missing"
+    )
+    up.add_argument(
+        "--nodes", default=None, help="node manifests to register (default: tests/fixtures/fake-nodes.yaml)"
+    )
     up.add_argument("--timeout", type=float, default=300.0, help="overall startup deadline in seconds (default 300)")
     sub.add_parser("down", parents=[common], help="stop every component and remove the runtime state")
     sub.add_parser("status", parents=[common], help="component health and nodes; exit 1 when not running")

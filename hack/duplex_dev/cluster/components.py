@@ -94,8 +94,18 @@ class Layout:
 
     def runtime_paths(self) -> list[Path]:
         """Everything `down` removes (the logs stay for post-mortems)."""
-        return [self.state_file, self.pki.root, self.kubeconfig, self.root / "kubeconfigs", self.users_dir,
-                self.root / "pids", self.etcd_data, self.audit_policy, self.audit_log, self.apiserver_cert_dir]
+        return [
+            self.state_file,
+            self.pki.root,
+            self.kubeconfig,
+            self.root / "kubeconfigs",
+            self.users_dir,
+            self.root / "pids",
+            self.etcd_data,
+            self.audit_policy,
+            self.audit_log,
+            self.apiserver_cert_dir,
+        ]
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ import shutil
 import socket
 import sys
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import yaml
 
@@ -91,8 +91,10 @@ class ClusterStatus:
         if self.nodes:
             lines.append(f"  {'NODE':<10} {'TYPE':<15} {'READY':<6} {'GPU':>4} {'NEURON':>6} {'EFA':>4}")
             for n in self.nodes:
-                lines.append(f"  {n['name']:<10} {n['instance_type']:<15} {n['ready']!s:<6} {n['gpu']:>4} "
-                             f"{n['neuron']:>6} {n['efa']:>4}")
+                lines.append(
+                    f"  {n['name']:<10} {n['instance_type']:<15} {n['ready']!s:<6} {n['gpu']:>4} "
+                    f"{n['neuron']:>6} {n['efa']:>4}"
+                )
         return "\n".join(lines)
 
 
@@ -131,8 +133,13 @@ def _node_summary(node: dict) -> dict:
 class LocalCluster:
     """One local control plane, identified by its state dir. Safe to construct when nothing runs."""
 
-    def __init__(self, state_dir: str | Path | None = None, bin_dir: str | Path | None = None,
-                 nodes_file: str | Path | None = None, echo: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        state_dir: str | Path | None = None,
+        bin_dir: str | Path | None = None,
+        nodes_file: str | Path | None = None,
+        echo: Callable[[str], None] | None = None,
+    ):
         self.layout = Layout(Path(state_dir).expanduser().resolve() if state_dir else default_state_dir().resolve())
         self._bin_dir = Path(bin_dir).expanduser() if bin_dir else None
         self.nodes_file = Path(nodes_file) if nodes_file else tools.FAKE_NODES
@@ -174,8 +181,7 @@ class LocalCluster:
         return self.layout.log(component)
 
     def log_tails(self, lines: int = 30) -> dict[str, str]:
-        return {c: processes.log_tail(self.layout.log(c), lines) for c in COMPONENTS
-                if self.layout.log(c).exists()}
+        return {c: processes.log_tail(self.layout.log(c), lines) for c in COMPONENTS if self.layout.log(c).exists()}
 
     def is_running(self) -> bool:
         return self.status(with_nodes=False).running
@@ -215,17 +221,26 @@ class LocalCluster:
         pki.mint(layout.pki)
         layout.audit_policy.write_text(components.AUDIT_POLICY)
         ports = Ports(*_free_ports(6))
-        pki.write_kubeconfig(layout.kubeconfig, pki.kubeconfig(
-            ports.server, layout.pki.ca_cert.read_bytes(), "duplex-admin",
-            cert_pem=layout.pki.admin_cert.read_bytes(), key_pem=layout.pki.admin_key.read_bytes()))
+        pki.write_kubeconfig(
+            layout.kubeconfig,
+            pki.kubeconfig(
+                ports.server,
+                layout.pki.ca_cert.read_bytes(),
+                "duplex-admin",
+                cert_pem=layout.pki.admin_cert.read_bytes(),
+                key_pem=layout.pki.admin_key.read_bytes(),
+            ),
+        )
         for name, (user, groups) in components.IDENTITIES.items():
             cert, key = pki.client_cert(layout.pki, user, groups)
-            pki.write_kubeconfig(layout.component_kubeconfig(name), pki.kubeconfig(
-                ports.server, layout.pki.ca_cert.read_bytes(), user, cert_pem=cert, key_pem=key))
+            pki.write_kubeconfig(
+                layout.component_kubeconfig(name),
+                pki.kubeconfig(ports.server, layout.pki.ca_cert.read_bytes(), user, cert_pem=cert, key_pem=key),
+            )
         self._say(f"PKI and kubeconfigs written to {layout.root}")
         state = {
             "version": STATE_VERSION,
-            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "bin_dir": str(bin_dir),
             "kubeconfig": str(layout.kubeconfig),
             "audit_log": str(layout.audit_log),
@@ -306,8 +321,14 @@ class LocalCluster:
         """A kubeconfig authenticating as `user` in `groups` by a client cert the cluster CA signed."""
         state = self._require_state()
         cert, key = pki.client_cert(self.layout.pki, user, groups)
-        text = pki.kubeconfig(Ports(**state["ports"]).server, self.layout.pki.ca_cert.read_bytes(), user,
-                              cert_pem=cert, key_pem=key, namespace=namespace)
+        text = pki.kubeconfig(
+            Ports(**state["ports"]).server,
+            self.layout.pki.ca_cert.read_bytes(),
+            user,
+            cert_pem=cert,
+            key_pem=key,
+            namespace=namespace,
+        )
         return pki.write_kubeconfig(self.layout.users_dir / f"{_safe_name(user)}.kubeconfig", text)
 
     def kubeconfig_for_serviceaccount(self, namespace: str, name: str, expiration_seconds: int = 86400) -> Path:
@@ -315,17 +336,27 @@ class LocalCluster:
         ServiceAccount must exist."""
         state = self._require_state()
         ports = Ports(**state["ports"])
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                "spec": {"expirationSeconds": expiration_seconds}}
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": expiration_seconds},
+        }
         resp = self._api(ports).call("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", body)
         if resp.status != 201:
-            raise ClusterError("kube-apiserver", f"TokenRequest for {namespace}/{name} failed: {resp.status} "
-                                                 f"{resp.body[:300]!r}")
+            raise ClusterError(
+                "kube-apiserver", f"TokenRequest for {namespace}/{name} failed: {resp.status} {resp.body[:300]!r}"
+            )
         user = f"system:serviceaccount:{namespace}:{name}"
-        text = pki.kubeconfig(ports.server, self.layout.pki.ca_cert.read_bytes(), user,
-                              token=resp.json()["status"]["token"], namespace=namespace)
-        return pki.write_kubeconfig(self.layout.users_dir / f"sa-{_safe_name(namespace)}-{_safe_name(name)}.kubeconfig",
-                                    text)
+        text = pki.kubeconfig(
+            ports.server,
+            self.layout.pki.ca_cert.read_bytes(),
+            user,
+            token=resp.json()["status"]["token"],
+            namespace=namespace,
+        )
+        return pki.write_kubeconfig(
+            self.layout.users_dir / f"sa-{_safe_name(namespace)}-{_safe_name(name)}.kubeconfig", text
+        )
 
     # ----- internals -----
 
@@ -393,14 +424,22 @@ class LocalCluster:
         while True:
             if not processes.is_alive(record):
                 code = processes.exit_code(record)
-                raise ClusterError(name, f"exited{'' if code is None else f' with code {code}'} during startup",
-                                   processes.log_tail(record.log), record.log)
+                raise ClusterError(
+                    name,
+                    f"exited{'' if code is None else f' with code {code}'} during startup",
+                    processes.log_tail(record.log),
+                    record.log,
+                )
             if self._healthy(name, ports, api):
                 self._say(f"{name} healthy")
                 return
             if time.monotonic() >= until:
-                raise ClusterError(name, f"not healthy after {budget:.0f}s ({components.health_url(name, ports)})",
-                                   processes.log_tail(record.log), record.log)
+                raise ClusterError(
+                    name,
+                    f"not healthy after {budget:.0f}s ({components.health_url(name, ports)})",
+                    processes.log_tail(record.log),
+                    record.log,
+                )
             time.sleep(0.25)
 
     def _register_nodes(self, deadline: float) -> None:
@@ -411,8 +450,9 @@ class LocalCluster:
         for doc in docs:
             resp = api.call("POST", "/api/v1/nodes", doc)
             if resp.status not in (201, 409):
-                raise ClusterError("nodes", f"creating node {doc['metadata']['name']} failed: {resp.status} "
-                                            f"{resp.body[:500]!r}")
+                raise ClusterError(
+                    "nodes", f"creating node {doc['metadata']['name']} failed: {resp.status} {resp.body[:500]!r}"
+                )
             names.append(doc["metadata"]["name"])
         self._say(f"registered {len(names)} fake nodes from {self.nodes_file}")
         budget = min(BUDGETS["nodes"], max(0.0, deadline - time.monotonic()))
@@ -423,15 +463,24 @@ class LocalCluster:
                 resp = api.get("/api/v1/nodes")
                 if resp.status == 200:
                     by_name = {n["metadata"]["name"]: _node_summary(n) for n in resp.json()["items"]}
-                    pending = [n for n in names if n not in by_name or not by_name[n]["ready"]
-                               or any(t in NOT_READY_TAINTS for t in by_name[n]["taints"])]
+                    pending = [
+                        n
+                        for n in names
+                        if n not in by_name
+                        or not by_name[n]["ready"]
+                        or any(t in NOT_READY_TAINTS for t in by_name[n]["taints"])
+                    ]
                     if not pending:
                         self._say(f"nodes Ready and schedulable: {', '.join(names)}")
                         return
             if time.monotonic() >= until:
-                raise ClusterError("nodes", f"not Ready/schedulable after {budget:.0f}s: {', '.join(pending)} "
-                                            "(kwok drives node status; see its log)",
-                                   processes.log_tail(self.layout.log("kwok")), self.layout.log("kwok"))
+                raise ClusterError(
+                    "nodes",
+                    f"not Ready/schedulable after {budget:.0f}s: {', '.join(pending)} "
+                    "(kwok drives node status; see its log)",
+                    processes.log_tail(self.layout.log("kwok")),
+                    self.layout.log("kwok"),
+                )
             time.sleep(0.5)
 
     def _await_default_serviceaccount(self, deadline: float) -> None:
@@ -446,8 +495,12 @@ class LocalCluster:
                     return
             if time.monotonic() >= until:
                 log = self.layout.log("kube-controller-manager")
-                raise ClusterError("kube-controller-manager", f"no default ServiceAccount after {budget:.0f}s",
-                                   processes.log_tail(log), log)
+                raise ClusterError(
+                    "kube-controller-manager",
+                    f"no default ServiceAccount after {budget:.0f}s",
+                    processes.log_tail(log),
+                    log,
+                )
             time.sleep(0.5)
 
     def _stop_all(self, state: dict) -> list[str]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import yaml
 from cryptography import x509
@@ -79,15 +79,25 @@ class PKIPaths:
         return self.root / "sa.pub"
 
     def exists(self) -> bool:
-        files = (self.ca_cert, self.ca_key, self.apiserver_cert, self.apiserver_key, self.admin_cert, self.admin_key,
-                 self.front_proxy_ca_cert, self.front_proxy_client_cert, self.front_proxy_client_key, self.sa_key,
-                 self.sa_pub)
+        files = (
+            self.ca_cert,
+            self.ca_key,
+            self.apiserver_cert,
+            self.apiserver_key,
+            self.admin_cert,
+            self.admin_key,
+            self.front_proxy_ca_cert,
+            self.front_proxy_client_cert,
+            self.front_proxy_client_key,
+            self.sa_key,
+            self.sa_pub,
+        )
         return all(f.is_file() for f in files)
 
 
 def _now() -> dt.datetime:
     # Back-date a little so a cert minted this second is valid to a process whose clock reads a bit earlier.
-    return dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
+    return dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
 
 
 def _ec_key() -> ec.EllipticCurvePrivateKey:
@@ -95,8 +105,9 @@ def _ec_key() -> ec.EllipticCurvePrivateKey:
 
 
 def _key_pem(key) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _cert_pem(cert: x509.Certificate) -> bytes:
@@ -116,8 +127,13 @@ def _load_ca(paths: PKIPaths) -> tuple[x509.Certificate, ec.EllipticCurvePrivate
     return cert, key  # type: ignore[return-value]
 
 
-def _issue(ca_cert: x509.Certificate, ca_key, subject: x509.Name, usage: ExtendedKeyUsageOID,
-           sans: Sequence[x509.GeneralName] = ()) -> tuple[bytes, bytes]:
+def _issue(
+    ca_cert: x509.Certificate,
+    ca_key,
+    subject: x509.Name,
+    usage: ExtendedKeyUsageOID,
+    sans: Sequence[x509.GeneralName] = (),
+) -> tuple[bytes, bytes]:
     key = _ec_key()
     builder = (
         x509.CertificateBuilder()
@@ -128,9 +144,20 @@ def _issue(ca_cert: x509.Certificate, ca_key, subject: x509.Name, usage: Extende
         .not_valid_before(_now())
         .not_valid_after(_now() + VALIDITY)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False, content_commitment=False,
-                                     data_encipherment=False, key_agreement=False, key_cert_sign=False,
-                                     crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_encipherment=False,
+                content_commitment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
     )
@@ -158,9 +185,20 @@ def _new_ca(common_name: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivate
         .not_valid_before(_now())
         .not_valid_after(_now() + VALIDITY)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False, content_commitment=False,
-                                     data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                     crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_encipherment=False,
+                content_commitment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
@@ -176,13 +214,19 @@ def mint(paths: PKIPaths) -> None:
 
     sans = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in APISERVER_IPS]
     sans += [x509.DNSName(name) for name in APISERVER_DNS]
-    cert, key = _issue(ca_cert, ca_key, x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
-                       ExtendedKeyUsageOID.SERVER_AUTH, sans)
+    cert, key = _issue(
+        ca_cert,
+        ca_key,
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        sans,
+    )
     _write(paths.apiserver_cert, cert)
     _write(paths.apiserver_key, key, private=True)
 
-    cert, key = _issue(ca_cert, ca_key, client_subject("duplex-admin", ["system:masters"]),
-                       ExtendedKeyUsageOID.CLIENT_AUTH)
+    cert, key = _issue(
+        ca_cert, ca_key, client_subject("duplex-admin", ["system:masters"]), ExtendedKeyUsageOID.CLIENT_AUTH
+    )
     _write(paths.admin_cert, cert)
     _write(paths.admin_key, key, private=True)
 
@@ -196,8 +240,10 @@ def mint(paths: PKIPaths) -> None:
     # RSA because RS256 is what every JWT consumer of service-account tokens accepts.
     sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     _write(paths.sa_key, _key_pem(sa), private=True)
-    _write(paths.sa_pub, sa.public_key().public_bytes(serialization.Encoding.PEM,
-                                                      serialization.PublicFormat.SubjectPublicKeyInfo))
+    _write(
+        paths.sa_pub,
+        sa.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo),
+    )
 
 
 def client_cert(paths: PKIPaths, user: str, groups: Sequence[str] = ()) -> tuple[bytes, bytes]:
@@ -210,8 +256,16 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def kubeconfig(server: str, ca_pem: bytes, user: str, *, cert_pem: bytes | None = None, key_pem: bytes | None = None,
-               token: str | None = None, namespace: str = "default") -> str:
+def kubeconfig(
+    server: str,
+    ca_pem: bytes,
+    user: str,
+    *,
+    cert_pem: bytes | None = None,
+    key_pem: bytes | None = None,
+    token: str | None = None,
+    namespace: str = "default",
+) -> str:
     """A self-contained kubeconfig (credentials embedded) for one user of the local cluster."""
     creds: dict[str, str] = {}
     if cert_pem is not None and key_pem is not None:
@@ -221,11 +275,13 @@ def kubeconfig(server: str, ca_pem: bytes, user: str, *, cert_pem: bytes | None 
     doc = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "duplex-local",
-                      "cluster": {"server": server, "certificate-authority-data": _b64(ca_pem)}}],
+        "clusters": [
+            {"name": "duplex-local", "cluster": {"server": server, "certificate-authority-data": _b64(ca_pem)}}
+        ],
         "users": [{"name": user, "user": creds}],
-        "contexts": [{"name": "duplex-local",
-                      "context": {"cluster": "duplex-local", "user": user, "namespace": namespace}}],
+        "contexts": [
+            {"name": "duplex-local", "context": {"cluster": "duplex-local", "user": user, "namespace": namespace}}
+        ],
         "current-context": "duplex-local",
         "preferences": {},
     }

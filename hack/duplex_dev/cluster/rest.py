@@ -27,8 +27,15 @@ def _insecure_context() -> ssl.SSLContext:
     return ctx
 
 
-def request(url: str, *, method: str = "GET", body: object | None = None, ssl_context: ssl.SSLContext | None = None,
-            timeout: float = 5.0, content_type: str = "application/json") -> Response:
+def request(
+    url: str,
+    *,
+    method: str = "GET",
+    body: object | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    timeout: float = 5.0,
+    content_type: str = "application/json",
+) -> Response:
     """One HTTP request; HTTP error statuses come back as a Response, connection failures raise OSError."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method)
@@ -62,10 +69,22 @@ class APIClient:
         self._ctx = ssl.create_default_context(cafile=str(ca_cert))
         self._ctx.load_cert_chain(str(client_cert), str(client_key))
 
-    def call(self, method: str, path: str, body: object | None = None, timeout: float = 10.0,
-             content_type: str = "application/json") -> Response:
-        return request(self.server + path, method=method, body=body, ssl_context=self._ctx, timeout=timeout,
-                       content_type=content_type)
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: object | None = None,
+        timeout: float = 10.0,
+        content_type: str = "application/json",
+    ) -> Response:
+        return request(
+            self.server + path,
+            method=method,
+            body=body,
+            ssl_context=self._ctx,
+            timeout=timeout,
+            content_type=content_type,
+        )
 
     def get(self, path: str, timeout: float = 10.0) -> Response:
         return self.call("GET", path, timeout=timeout)

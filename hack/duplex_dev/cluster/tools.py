@@ -70,8 +70,9 @@ def build_or_reuse(bin_dir: str | Path | None = None) -> Path:
         progress = sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):  # a captured stream (pytest): let the child inherit fd 2
         progress = None
-    out = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=progress, text=True, env=env,
-                         check=False)
+    out = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=progress, text=True, env=env, check=False
+    )
     if out.returncode != 0:
         raise ToolsMissing(f"hack/build-tools.sh failed with exit code {out.returncode}")
     return _check(Path(out.stdout.strip().splitlines()[-1]))

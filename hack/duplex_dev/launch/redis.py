@@ -43,8 +43,23 @@ class RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             raise LaunchError("redis-server is not installed (apt-get install -y redis-server)")
-        cmd = [binary, "--bind", self.host, "--port", str(self.port), "--save", "", "--appendonly", "no",
-               "--dir", self.dir, "--logfile", self.log_path, "--protected-mode", "no"]
+        cmd = [
+            binary,
+            "--bind",
+            self.host,
+            "--port",
+            str(self.port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self.dir,
+            "--logfile",
+            self.log_path,
+            "--protected-mode",
+            "no",
+        ]
         self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         while not self._ping():

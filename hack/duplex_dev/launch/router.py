@@ -25,9 +25,17 @@ from duplex_dev.processes import LaunchError, free_port
 
 
 class RouterProcess:
-    def __init__(self, *extra_args: str, prefill: list[str] = (), decode: list[str] = (),  # type: ignore[assignment]
-                 config: dict[str, Any] | str | None = None, host: str = "127.0.0.1", port: int | None = None,
-                 env: dict[str, str] | None = None, startup_timeout: float = 20.0):
+    def __init__(
+        self,
+        *extra_args: str,
+        prefill: list[str] = (),
+        decode: list[str] = (),  # type: ignore[assignment]
+        config: dict[str, Any] | str | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+        startup_timeout: float = 20.0,
+    ):
         self.host = host
         self.port = port or free_port(host)
         self.extra_args = list(extra_args)

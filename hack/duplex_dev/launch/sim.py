@@ -45,6 +45,7 @@ from typing import Any
 from duplex_dev import processes
 from duplex_dev.processes import LaunchError, free_port
 
+
 class SimStartError(LaunchError):
     pass
 

@@ -52,7 +52,7 @@ def owned_arg_rules(role: str | None) -> tuple[Rule, ...]:
     for flags, owner in OWNED_FLAGS:
         field = owner.format(role=role or "prefill|decode")
         if field.startswith("none: "):
-            message = f"{' / '.join(flags)} is set by duplex ({field[len('none: '):]})"
+            message = f"{' / '.join(flags)} is set by duplex ({field[len('none: ') :]})"
         else:
             message = f"{' / '.join(flags)} is set by duplex; use {field} instead"
 

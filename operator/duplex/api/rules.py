@@ -6,8 +6,9 @@ Tests evaluate each rule both ways on the same inputs (in Python here, in CEL ag
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
@@ -41,7 +42,7 @@ class Checked(BaseModel):
     RULES: ClassVar[tuple[Rule, ...]] = ()
 
     @model_validator(mode="after")
-    def _check_rules(self) -> "Checked":
+    def _check_rules(self) -> Checked:
         for rule in type(self).RULES:
             if not rule.holds(self):
                 raise RuleViolation(rule)

@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from duplex.api.rules import Checked, Rule
 from duplex.api.owned_args import owned_arg_rules
+from duplex.api.rules import Checked, Rule
 
 # Kubernetes-native structures (tolerations, affinity, ...) are passed through as-is; the API server validates them.
 K8sObject = Annotated[dict[str, Any], Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})]
@@ -111,7 +111,9 @@ class ModelSpec(Model):
     block_size: Literal[1, 8, 16, 32, 64, 128] = Field(
         16, description="KV cache block size in tokens; prefill and decode always share it."
     )
-    hf_token_secret: SecretKeyRef | None = Field(None, description="Secret key holding a Hugging Face token (HF_TOKEN).")
+    hf_token_secret: SecretKeyRef | None = Field(
+        None, description="Secret key holding a Hugging Face token (HF_TOKEN)."
+    )
     cache: ModelCache | None = Field(None, description="Volume with model weights/cache.")
     env: EnvList = Field(default_factory=list, description="Extra environment for both roles' engines.")
     extra_args: ExtraArgs = Field(
@@ -125,7 +127,10 @@ class Accelerator(Model):
         GPU, description="Device-plugin resource of the accelerator."
     )
     count: int | None = Field(
-        None, ge=1, le=64, description="Devices per pod; defaults to tensorParallelSize (GPU) or TP/2 rounded up (Neuron)."
+        None,
+        ge=1,
+        le=64,
+        description="Devices per pod; defaults to tensorParallelSize (GPU) or TP/2 rounded up (Neuron).",
     )
 
 
@@ -223,17 +228,22 @@ class KVTransferSpec(Model):
         None, description="kv_buffer_device; derived from the accelerator (cuda on GPU, cpu on Neuron) unless set."
     )
     bidirectional: bool = Field(
-        True, description="bidirectional_kv_xfer on both roles: decode keeps KV after generation; prefill reads it back."
+        True,
+        description="bidirectional_kv_xfer on both roles: decode keeps KV after generation; prefill reads it back.",
     )
     decode_blocks_ttl: int = Field(
         480, ge=60, le=86400, alias="decodeBlocksTTL", description="decoder_kv_blocks_ttl: seconds decode keeps blocks."
     )
     recompute_threshold: int = Field(
-        64, ge=0, le=1_048_576, description="kv_recompute_threshold: fewer reusable tokens than this are recomputed (0: always read)."
+        64,
+        ge=0,
+        le=1_048_576,
+        description="kv_recompute_threshold: fewer reusable tokens than this are recomputed (0: always read).",
     )
     lease_duration: int = Field(30, ge=6, le=3600, description="kv_lease_duration: seconds of prefill's block lease.")
     load_failure_policy: Literal["recompute", "fail"] = Field(
-        "recompute", description="kv_load_failure_policy on both roles: recompute a failed/declined read, or fail the request."
+        "recompute",
+        description="kv_load_failure_policy on both roles: recompute a failed/declined read, or fail the request.",
     )
     side_channel_port: int = Field(5600, ge=1024, le=65535, description="VLLM_NIXL_SIDE_CHANNEL_PORT.")
     allow_decode_tp_below_prefill: bool = Field(
@@ -290,7 +300,9 @@ class RedisSpec(Model):
         ),
     )
 
-    url: Annotated[str, Field(pattern=r"^rediss?://", max_length=1024)] | None = Field(None, description="redis://host:port/db")
+    url: Annotated[str, Field(pattern=r"^rediss?://", max_length=1024)] | None = Field(
+        None, description="redis://host:port/db"
+    )
     url_secret: SecretKeyRef | None = Field(None, description="Secret key holding the Redis URL (with credentials).")
 
 
@@ -305,13 +317,15 @@ class StoreSpec(Model):
 
     type: Literal["memory", "redis"] = Field("memory", description="Conversation state store.")
     max_entries: int = Field(
-        1_000_000, ge=1, le=100_000_000,
+        1_000_000,
+        ge=1,
+        le=100_000_000,
         description="Memory store bound in entries (it is also bounded in bytes by 60% of router.memory).",
     )
     redis: RedisSpec | None = Field(None, description="Redis connection (type redis).")
 
 
-def _router_memory_ok(r: "RouterSpec") -> bool:
+def _router_memory_ok(r: RouterSpec) -> bool:
     from kubernetes.utils import parse_quantity
 
     return parse_quantity(r.memory) >= parse_quantity("256Mi")
@@ -342,7 +356,9 @@ class RouterSpec(Model):
         "(about 1M conversations with 32k-token histories at 3Gi).",
     )
     service: ServiceSpec = Field(default_factory=ServiceSpec, description="Router Service.")
-    conversation: ConversationSpec = Field(default_factory=ConversationSpec, description="Conversation identity and TTL.")
+    conversation: ConversationSpec = Field(
+        default_factory=ConversationSpec, description="Conversation identity and TTL."
+    )
     store: StoreSpec = Field(default_factory=StoreSpec, description="Conversation state store.")
     node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
         default_factory=dict, description="Node labels router pods require (routers need no accelerator)."
@@ -353,11 +369,13 @@ class RouterSpec(Model):
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, le=1024**3, description="Largest accepted request body.")
 
 
-def _decode_tp_ok(s: "DisaggregatedServingSpec") -> bool:
-    return s.decode.tensor_parallel_size >= s.prefill.tensor_parallel_size or s.kv_transfer.allow_decode_tp_below_prefill
+def _decode_tp_ok(s: DisaggregatedServingSpec) -> bool:
+    return (
+        s.decode.tensor_parallel_size >= s.prefill.tensor_parallel_size or s.kv_transfer.allow_decode_tp_below_prefill
+    )
 
 
-def _router_ttl_ok(s: "DisaggregatedServingSpec") -> bool:
+def _router_ttl_ok(s: DisaggregatedServingSpec) -> bool:
     ttl = s.router.conversation.ttl
     return ttl is None or ttl < s.kv_transfer.decode_blocks_ttl
 

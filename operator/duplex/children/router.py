@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kubernetes.utils import parse_quantity
-
 from duplex_sidecars.router.config import (
     ConversationConfig,
     EndpointSliceDiscovery,
     RouterConfig,
     StoreConfig,
 )
+from kubernetes.utils import parse_quantity
 
 from duplex.api.spec import DisaggregatedServingSpec
 from duplex.children.engine import served_model_name
@@ -69,7 +68,11 @@ def router_configmap(spec: DisaggregatedServingSpec, serving: str, namespace: st
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": child_name(serving, "router"), "namespace": namespace, "labels": labels(serving, "router")},
+        "metadata": {
+            "name": child_name(serving, "router"),
+            "namespace": namespace,
+            "labels": labels(serving, "router"),
+        },
         "data": data,
     }
 

@@ -47,8 +47,13 @@ _MAINTENANCE_SECONDS = 5.0
 class Router:
     """Everything a request needs, swapped in place when the config file changes."""
 
-    def __init__(self, config: RouterConfig, source: ConfigSource | None = None, store: Store | None = None,
-                 resolver: aiohttp.abc.AbstractResolver | None = None):
+    def __init__(
+        self,
+        config: RouterConfig,
+        source: ConfigSource | None = None,
+        store: Store | None = None,
+        resolver: aiohttp.abc.AbstractResolver | None = None,
+    ):
         self.config = config
         self._resolver = resolver
         self.source = source
@@ -74,8 +79,9 @@ class Router:
     async def start(self) -> None:
         self.session = make_session(self._resolver)
         hc = self.config.health_check
-        self.prober = HealthProber(self.engines, self.session, hc.path, hc.interval_seconds, hc.timeout_seconds,
-                                   self._probe_headers())
+        self.prober = HealthProber(
+            self.engines, self.session, hc.path, hc.interval_seconds, hc.timeout_seconds, self._probe_headers()
+        )
         await self._use_endpoints(self.config)
         await self.prober.probe_all()  # a first answer for /ready without waiting an interval
         self.prober.start()
@@ -154,7 +160,11 @@ class Router:
         self.engine_api_key = self._api_key(new)
         if self.prober is not None:
             hc = new.health_check
-            self.prober.path, self.prober.interval, self.prober.timeout = hc.path, hc.interval_seconds, hc.timeout_seconds
+            self.prober.path, self.prober.interval, self.prober.timeout = (
+                hc.path,
+                hc.interval_seconds,
+                hc.timeout_seconds,
+            )
             self.prober._headers = self._probe_headers()
         self.config = new
         self.generation += 1
@@ -245,7 +255,7 @@ async def _models(router: Router, request: Request) -> None:
             if resp.status != 200:
                 send_error(request, 502, f"Engine answered /v1/models with HTTP {resp.status}.", "bad_gateway", 502)
                 return
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+    except (TimeoutError, aiohttp.ClientError, OSError):
         send_error(request, 503, "No engine answered /v1/models.", "service_unavailable", 503)
         return
     request.respond(200, body)
@@ -296,8 +306,13 @@ class Dispatch:
             return
         route = methods.get("GET" if request.method == "HEAD" else request.method)
         if route is None:
-            send_error(request, 405, f"Method {request.method} is not allowed on {request.path}.",
-                       code="method_not_allowed", headers={"Allow": ", ".join(methods)})
+            send_error(
+                request,
+                405,
+                f"Method {request.method} is not allowed on {request.path}.",
+                code="method_not_allowed",
+                headers={"Allow": ", ".join(methods)},
+            )
             return
         try:
             await route(self.router, request)

@@ -28,8 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", action="append", metavar="URL", help="decode engine base URL (repeatable)")
     p.add_argument("--host", help="listen address (default 0.0.0.0)")
     p.add_argument("--port", type=int, help="listen port (default 8000)")
-    p.add_argument("--conversation-ttl", type=float, metavar="SECONDS",
-                   help="how long decode's retained blocks may be replayed; below the engines' decoder_kv_blocks_ttl")
+    p.add_argument(
+        "--conversation-ttl",
+        type=float,
+        metavar="SECONDS",
+        help="how long decode's retained blocks may be replayed; below the engines' decoder_kv_blocks_ttl",
+    )
     p.add_argument("--config", metavar="FILE", help="router config file (YAML or JSON), reloaded on change")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
@@ -43,9 +47,15 @@ def source_from_args(args: argparse.Namespace) -> ConfigSource:
 async def _serve(router: Router) -> None:
     cfg = router.config
     server = await serve(router, cfg.host, cfg.port)
-    log.info("router listening on %s:%d (prefill %d, decode %d engines, store %s, event loop %s)", cfg.host, cfg.port,
-             len(router.engines.prefill), len(router.engines.decode), router.store.kind,
-             type(asyncio.get_running_loop()).__module__.split(".")[0])
+    log.info(
+        "router listening on %s:%d (prefill %d, decode %d engines, store %s, event loop %s)",
+        cfg.host,
+        cfg.port,
+        len(router.engines.prefill),
+        len(router.engines.decode),
+        router.store.kind,
+        type(asyncio.get_running_loop()).__module__.split(".")[0],
+    )
     # Everything loaded so far lives as long as the process: keep it out of the collector's generations, so that a
     # full collection walks only what requests and conversations allocate.
     gc.collect()
@@ -63,8 +73,9 @@ async def _serve(router: Router) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     source = source_from_args(args)
     try:
         config = source.load()

@@ -39,7 +39,7 @@ class ConversationConfig(_Strict):
     )
 
     @model_validator(mode="after")
-    def _ttl_below_engine(self) -> "ConversationConfig":
+    def _ttl_below_engine(self) -> ConversationConfig:
         if self.ttl_seconds >= self.engine_blocks_ttl_seconds:
             raise ValueError(
                 f"conversation ttl_seconds ({self.ttl_seconds:g}) must be strictly below the engines' "
@@ -70,7 +70,7 @@ class StoreConfig(_Strict):
     )
 
     @model_validator(mode="after")
-    def _redis_needs_url(self) -> "StoreConfig":
+    def _redis_needs_url(self) -> StoreConfig:
         if self.kind == "redis" and not (self.redis_url or self.redis_url_env):
             raise ValueError("store kind 'redis' needs redis_url or redis_url_env")
         return self
@@ -86,7 +86,9 @@ class TimeoutsConfig(_Strict):
 class HealthCheckConfig(_Strict):
     path: str = Field("/health", description="Engine liveness path probed by the router.")
     interval_seconds: float = Field(5.0, gt=0, description="Time between probes of each engine.")
-    timeout_seconds: float = Field(2.0, gt=0, description="Probe timeout; a failed probe takes the engine out of rotation.")
+    timeout_seconds: float = Field(
+        2.0, gt=0, description="Probe timeout; a failed probe takes the engine out of rotation."
+    )
 
 
 class RouterConfig(_Strict):

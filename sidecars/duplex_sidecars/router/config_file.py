@@ -39,8 +39,13 @@ def parse_text(text: str, name: str = "config") -> dict[str, Any]:
     return data
 
 
-def flag_overrides(prefill: list[str] | None = None, decode: list[str] | None = None, host: str | None = None,
-                   port: int | None = None, conversation_ttl: float | None = None) -> dict[str, Any]:
+def flag_overrides(
+    prefill: list[str] | None = None,
+    decode: list[str] | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    conversation_ttl: float | None = None,
+) -> dict[str, Any]:
     """The part of the config the command-line flags set. Engine URLs given as flags make the engine set static:
     discovery from the file is switched off."""
     over: dict[str, Any] = {}

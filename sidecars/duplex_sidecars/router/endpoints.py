@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Iterator
+from typing import Any
 
 import aiohttp
 
@@ -121,8 +122,13 @@ class EnginePool:
 
     def mark(self, engine: Engine, healthy: bool, error: str | None = None) -> None:
         if healthy != engine.healthy:
-            log.info("%s engine %s is now %s%s", self.role, engine.url, "healthy" if healthy else "unhealthy",
-                     f" ({error})" if error else "")
+            log.info(
+                "%s engine %s is now %s%s",
+                self.role,
+                engine.url,
+                "healthy" if healthy else "unhealthy",
+                f" ({error})" if error else "",
+            )
         engine.healthy = healthy
         engine.last_error = error
 
@@ -189,8 +195,15 @@ class HealthProber:
     """Probes every engine's liveness path on an interval; a failed leg marks an engine unhealthy until a probe
     succeeds again."""
 
-    def __init__(self, engines: Engines, session: aiohttp.ClientSession, path: str, interval: float, timeout: float,
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        engines: Engines,
+        session: aiohttp.ClientSession,
+        path: str,
+        interval: float,
+        timeout: float,
+        headers: dict[str, str] | None = None,
+    ):
         self._engines = engines
         self._session = session
         self.path = path
@@ -210,13 +223,16 @@ class HealthProber:
                 await resp.read()
                 ok = resp.status == 200
                 pool.mark(engine, ok, None if ok else f"health status {resp.status}")
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             pool.mark(engine, False, f"health probe: {type(exc).__name__}: {exc}")
 
     async def probe_all(self) -> None:
         self._wake.clear()  # engines added from here on poke again
-        jobs = [self.probe(pool, e) for pool in (self._engines.prefill, self._engines.decode)
-                for e in list(pool.engines.values())]
+        jobs = [
+            self.probe(pool, e)
+            for pool in (self._engines.prefill, self._engines.decode)
+            for e in list(pool.engines.values())
+        ]
         if jobs:
             await asyncio.gather(*jobs)
         self._engines.update_gauges()
@@ -230,7 +246,7 @@ class HealthProber:
         while True:
             try:
                 await asyncio.wait_for(self._wake.wait(), self.interval)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             try:
                 await self.probe_all()

@@ -12,8 +12,9 @@ import json
 import logging
 import os
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import quote
 
 import aiohttp
@@ -84,7 +85,11 @@ class ApiAccess:
         ctx: ssl.SSLContext | bool | None = None
         if base.startswith("https"):
             if cfg.verify_ssl:
-                ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert) if cfg.ssl_ca_cert else ssl.create_default_context()
+                ctx = (
+                    ssl.create_default_context(cafile=cfg.ssl_ca_cert)
+                    if cfg.ssl_ca_cert
+                    else ssl.create_default_context()
+                )
             else:
                 ctx = ssl.create_default_context()
                 ctx.check_hostname = False
@@ -107,8 +112,13 @@ class _Gone(Exception):
 class EndpointSliceWatcher:
     """Keeps `on_change(role, urls)` informed about the ready endpoints of the two Services."""
 
-    def __init__(self, discovery: EndpointSliceDiscovery, on_change: Callable[[str, list[str]], None],
-                 access: ApiAccess | None = None, watch_timeout: int = 300):
+    def __init__(
+        self,
+        discovery: EndpointSliceDiscovery,
+        on_change: Callable[[str, list[str]], None],
+        access: ApiAccess | None = None,
+        watch_timeout: int = 300,
+    ):
         self.discovery = discovery
         self._on_change = on_change
         self._access = access
@@ -121,7 +131,9 @@ class EndpointSliceWatcher:
         if self._access is None:
             self._access = ApiAccess.for_discovery(self.discovery)
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=self._access.ssl_context if self._access.ssl_context is not None else True),
+            connector=aiohttp.TCPConnector(
+                ssl=self._access.ssl_context if self._access.ssl_context is not None else True
+            ),
             read_bufsize=4 * 1024 * 1024,  # one watch event is one line; a full slice is tens of KiB
         )
         loop = asyncio.get_running_loop()
@@ -160,7 +172,9 @@ class EndpointSliceWatcher:
         selector = f"{SERVICE_LABEL}={service}"
         headers = self._access.headers()
         async with self._session.get(
-            self._url(), params={"labelSelector": selector}, headers=headers,
+            self._url(),
+            params={"labelSelector": selector},
+            headers=headers,
             timeout=aiohttp.ClientTimeout(total=30),
         ) as resp:
             if resp.status != 200:
@@ -175,8 +189,15 @@ class EndpointSliceWatcher:
         while True:
             version = await self._watch(role, service, selector, headers, slices, version)
 
-    async def _watch(self, role: str, service: str, selector: str, headers: dict[str, str],
-                     slices: dict[str, list[str]], version: str) -> str:
+    async def _watch(
+        self,
+        role: str,
+        service: str,
+        selector: str,
+        headers: dict[str, str],
+        slices: dict[str, list[str]],
+        version: str,
+    ) -> str:
         assert self._session is not None
         params = {
             "labelSelector": selector,

@@ -39,7 +39,7 @@ class EngineDisconnected(ConnectionError):
 class _Origin:
     """scheme://host:port, parsed once per engine URL."""
 
-    __slots__ = ("key", "host", "port", "ssl", "host_header", "prefix")
+    __slots__ = ("host", "host_header", "key", "port", "prefix", "ssl")
 
     def __init__(self, base: str):
         parts = urlsplit(base)
@@ -58,8 +58,19 @@ class EngineResponse:
     """One response: status and headers once they have arrived, then the body as it comes. Read it with `read_any`
     or `read`; `release` (after the end) or `close` (any time) when done."""
 
-    __slots__ = ("status", "headers", "_conn", "_chunks", "_size", "_eof", "_exc", "_waiter", "_eof_callbacks",
-                 "_paused", "closed")
+    __slots__ = (
+        "_chunks",
+        "_conn",
+        "_eof",
+        "_eof_callbacks",
+        "_exc",
+        "_paused",
+        "_size",
+        "_waiter",
+        "closed",
+        "headers",
+        "status",
+    )
 
     def __init__(self, conn: _Connection, status: int, headers: list[tuple[bytes, bytes]]):
         self.status = status
@@ -316,8 +327,9 @@ class EngineClient:
         self._ssl: ssl.SSLContext | None = None
         self._closed = False
 
-    async def post(self, base: str, path: str, body: bytes, headers: dict[str, str],
-                   connect_timeout: float) -> EngineResponse:
+    async def post(
+        self, base: str, path: str, body: bytes, headers: dict[str, str], connect_timeout: float
+    ) -> EngineResponse:
         """POST `body` to base + path; returns once the response's status and headers are in. Raises
         EngineConnectError when no connection could be made, EngineDisconnected when the exchange broke off."""
         origin = self._origins.get(base)
@@ -375,8 +387,12 @@ class EngineClient:
                     host = await self._resolver(origin.host, origin.port)
                 context = self._ssl_context() if origin.ssl else None
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(self, origin), host, origin.port, ssl=context,
-                    server_hostname=origin.host if context else None)
+                    lambda: _Connection(self, origin),
+                    host,
+                    origin.port,
+                    ssl=context,
+                    server_hostname=origin.host if context else None,
+                )
         except TimeoutError as exc:
             raise EngineConnectError("connect timed out") from exc
         except (OSError, ValueError, LookupError) as exc:  # also what a resolver may raise for an unknown name

@@ -68,8 +68,14 @@ def error_json(status: int, message: str, type: str = "invalid_request_error", c
     return json.dumps(error_body(message, type, status if code is None else code)).encode()
 
 
-def send_error(request: Request, status: int, message: str, type: str = "invalid_request_error", code: Any = None,
-               headers: dict[str, str] | None = None) -> None:
+def send_error(
+    request: Request,
+    status: int,
+    message: str,
+    type: str = "invalid_request_error",
+    code: Any = None,
+    headers: dict[str, str] | None = None,
+) -> None:
     """Answer with an error, unless the response has started (then the connection's end is the only signal left)."""
     if request.started:
         request.keep_alive = False

@@ -96,18 +96,23 @@ class Forwarder:
             tried.append(engine.url)
             kv = replay if replaying and replay is not None else protocol.miss_params()
             body = turn.encode(protocol.prefill_leg_body(turn.body, kv))
-            headers = legs.leg_headers(turn.request_id + attempt_tag + (f"-p{attempt}" if attempt else ""),
-                                       self.r.engine_api_key)
+            headers = legs.leg_headers(
+                turn.request_id + attempt_tag + (f"-p{attempt}" if attempt else ""), self.r.engine_api_key
+            )
             started = time.perf_counter()
             try:
                 with pool.busy(engine):
-                    reply = await legs.prefill(self.r.engine_client, engine.url, turn.path, body, headers,
-                                               cfg.timeouts)
+                    reply = await legs.prefill(self.r.engine_client, engine.url, turn.path, body, headers, cfg.timeouts)
             except LegFailure as failure:
                 metrics.backend_errors.labels("prefill", failure.kind).inc()
                 failures.append(failure)
-                log.warning("request %s: prefill leg on %s failed%s: %s", turn.request_id, engine.url,
-                            " while replaying decode's blocks" if replaying else "", failure.detail)
+                log.warning(
+                    "request %s: prefill leg on %s failed%s: %s",
+                    turn.request_id,
+                    engine.url,
+                    " while replaying decode's blocks" if replaying else "",
+                    failure.detail,
+                )
                 if failure.kind == CONNECT:
                     pool.mark(engine, False, failure.detail)
                 if replaying:
@@ -126,8 +131,11 @@ class Forwarder:
                 metrics.reused_tokens.inc(decision.tokens if decision else 0)
             params = reply.get(protocol.KV_PARAMS_FIELD)
             if not isinstance(params, dict):
-                log.info("request %s: prefill on %s returned no kv_transfer_params; decode recomputes",
-                         turn.request_id, engine.url)
+                log.info(
+                    "request %s: prefill on %s returned no kv_transfer_params; decode recomputes",
+                    turn.request_id,
+                    engine.url,
+                )
                 return None
             return params
         if not failures:
@@ -144,8 +152,12 @@ class Forwarder:
         decision = await reuse.lookup(self.r.store, turn, decode_pool, metrics)
         if decision.params is None:
             metrics.miss(decision.reason or "no_entry")
-        log.debug("request %s conv=%s: %s", turn.request_id, turn.key and turn.key[:12],
-                  "replay" if decision.params else f"miss ({decision.reason})")
+        log.debug(
+            "request %s conv=%s: %s",
+            turn.request_id,
+            turn.key and turn.key[:12],
+            "replay" if decision.params else f"miss ({decision.reason})",
+        )
         failures: list[LegFailure] = []
         tried: list[str] = []
         for attempt in range(cfg.decode_retries + 1):
@@ -163,8 +175,9 @@ class Forwarder:
             started = time.perf_counter()
             with decode_pool.busy(engine):
                 try:
-                    resp = await legs.open_decode(self.r.engine_client, engine.url, turn.path, body, headers,
-                                                  cfg.timeouts)
+                    resp = await legs.open_decode(
+                        self.r.engine_client, engine.url, turn.path, body, headers, cfg.timeouts
+                    )
                 except LegFailure as failure:
                     failures.append(self._decode_failed(turn, engine, failure))
                     if not failure.retryable:
@@ -203,15 +216,17 @@ class Forwarder:
 
     async def _record(self, turn: Turn, engine: Engine, kv_params: Any, reply: Reply) -> None:
         try:
-            outcome = await reuse.record(self.r.store, turn, engine.url, kv_params, reply,
-                                         self.r.config.conversation.ttl_seconds, self.r.metrics)
+            outcome = await reuse.record(
+                self.r.store, turn, engine.url, kv_params, reply, self.r.config.conversation.ttl_seconds, self.r.metrics
+            )
         except Exception:  # recording is an optimisation: it must never cost the client its answer
             log.exception("request %s: recording decode's blocks failed", turn.request_id)
             outcome = "not_stored"
         self.r.metrics.captures.labels(outcome).inc()
 
-    async def _answer_and_record(self, turn: Turn, engine: Engine, kv_params: Any, reply: Reply,
-                                 answer: Callable[[], None]) -> None:
+    async def _answer_and_record(
+        self, turn: Turn, engine: Engine, kv_params: Any, reply: Reply, answer: Callable[[], None]
+    ) -> None:
         """Send the client the end of its answer and store what decode retained, so that the client's next turn
         always finds the entry. A store that never waits takes the entry right after the answer is written: nothing
         else runs on the event loop in between, and storing is then off the client's critical path. Any other store
@@ -240,8 +255,9 @@ class Forwarder:
         # A reply only the lenient parser could read (NaN, ...) is relayed but not compared: a tombstone is stored.
         reply = reply_of_body(turn.route, body) if exact else Reply(choices=0)
         out = jsonio.dumps(body, exact)
-        await self._answer_and_record(turn, engine, kv_params, reply, lambda: request.respond(
-            200, out, headers={"X-Request-Id": turn.request_id}))
+        await self._answer_and_record(
+            turn, engine, kv_params, reply, lambda: request.respond(200, out, headers={"X-Request-Id": turn.request_id})
+        )
 
     # ---- streaming -----------------------------------------------------------------------------------------------
 
@@ -256,8 +272,9 @@ class Forwarder:
         # for the next leg, without holding up this handler (the client has its answer already).
         reader.finish(resp, _END_OF_BODY_SECONDS if relay.finished else 0)
 
-    async def _relay_events(self, request: Request, turn: Turn, engine: Engine, reader: legs.ChunkReader,
-                            relay: _StreamRelay) -> None:
+    async def _relay_events(
+        self, request: Request, turn: Turn, engine: Engine, reader: legs.ChunkReader, relay: _StreamRelay
+    ) -> None:
         parser = SSEParser()
         try:
             # Whatever arrived since the last read goes out in one write.
@@ -291,8 +308,13 @@ class Forwarder:
             return self._end_stream_with_error(turn, request, "The decode engine's stream ended unexpectedly.")
         relay.held += _DONE_EVENT
         if relay.collector is not None:
-            await self._answer_and_record(turn, engine, relay.kv_params, relay.collector.reply(),
-                                          lambda: self._send(request, turn, relay.held, last=True))
+            await self._answer_and_record(
+                turn,
+                engine,
+                relay.kv_params,
+                relay.collector.reply(),
+                lambda: self._send(request, turn, relay.held, last=True),
+            )
         else:
             self._send(request, turn, relay.held, last=True)
         self.r.metrics.e2e.labels(turn.route, "true").observe(time.perf_counter() - turn.started)
@@ -301,8 +323,11 @@ class Forwarder:
         """Send data to the client, starting the response with it first; `last` ends it in the same write.
         ClientGone if the client has left."""
         if not request.started:
-            request.start(200, {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                "X-Request-Id": turn.request_id}, data)
+            request.start(
+                200,
+                {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Request-Id": turn.request_id},
+                data,
+            )
             self.r.metrics.ttft.labels(turn.route, "true").observe(time.perf_counter() - turn.started)
             data = b""
         if last:
@@ -355,7 +380,7 @@ class _StreamRelay:
         done = datas[-1] == DONE
         if done:
             datas.pop()
-            region = region[:-len(_DONE_EVENT)]
+            region = region[: -len(_DONE_EVENT)]
         if DONE in datas:  # [DONE] before the last event: the event-by-event path stops at it
             return None
         if self.collector is not None:

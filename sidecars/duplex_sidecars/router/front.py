@@ -40,7 +40,10 @@ _date_cache: list[Any] = [0, b""]
 def _status_head(status: int) -> bytes:
     """A response's status line and the headers every response carries."""
     return b"HTTP/1.1 %d %s\r\nDate: %s\r\nServer: duplex-router\r\n" % (
-        status, _REASONS.get(status, b"Unknown"), _date())
+        status,
+        _REASONS.get(status, b"Unknown"),
+        _date(),
+    )
 
 
 def _date() -> bytes:
@@ -54,8 +57,20 @@ class Request:
     """One request: method, path (query removed), headers (lower-case names), body; and its response, written with
     `respond` (whole) or `start` + `write` + `end` (chunked)."""
 
-    __slots__ = ("method", "path", "query", "headers", "body", "http11", "keep_alive", "started", "finished",
-                 "status", "_conn", "_head_only")
+    __slots__ = (
+        "_conn",
+        "_head_only",
+        "body",
+        "finished",
+        "headers",
+        "http11",
+        "keep_alive",
+        "method",
+        "path",
+        "query",
+        "started",
+        "status",
+    )
 
     def __init__(self, conn: _Connection, method: str, url: bytes, headers: dict[str, str], http11: bool):
         self._conn = conn
@@ -97,8 +112,9 @@ class Request:
         out += b"\r\n"
         return out
 
-    def respond(self, status: int, body: bytes, content_type: str = "application/json",
-                headers: dict[str, str] | None = None) -> None:
+    def respond(
+        self, status: int, body: bytes, content_type: str = "application/json", headers: dict[str, str] | None = None
+    ) -> None:
         """The whole response in one write. ClientGone if the client has left."""
         if self.started:
             raise RuntimeError("response already started")
@@ -319,8 +335,9 @@ class _Connection(asyncio.Protocol):
             self.close()  # the early answer said Connection: close; the client has sent its body
             return
         parser = self._parser
-        request = Request(self, parser.get_method().decode("latin-1"), self._url, self._headers,
-                          parser.get_http_version() == "1.1")
+        request = Request(
+            self, parser.get_method().decode("latin-1"), self._url, self._headers, parser.get_http_version() == "1.1"
+        )
         request.keep_alive = parser.should_keep_alive()
         if self._too_large:
             request.status = 413
@@ -455,8 +472,9 @@ class FrontServer:
 
     async def start(self, host: str, port: int, backlog: int = 1024) -> None:
         loop = self._loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Connection(self), host, port, backlog=backlog,
-                                                reuse_address=True)
+        self._server = await loop.create_server(
+            lambda: _Connection(self), host, port, backlog=backlog, reuse_address=True
+        )
 
     @property
     def port(self) -> int:

@@ -294,12 +294,12 @@ def reply_not_storable(request_body: dict[str, Any], reply: Reply) -> str | None
         # Clients and chat templates commonly drop reasoning from history, so the next prompt would not start with
         # what decode computed (vLLM issue #43094).
         return "reply carries reasoning that the next prompt may not replay"
-    if reply.finish_reason == "stop" and request_body.get("stop"):
-        # A stop string's tokens are in decode's blocks but not in the reply text. A stop token id (int) or EOS is
-        # the last sampled token, which has no KV yet, so only a string stop is unsafe; an engine that does not
-        # report stop_reason leaves us in doubt.
-        if not isinstance(reply.stop_reason, int) or isinstance(reply.stop_reason, bool):
-            return "stopped on a stop string"
+    # A stop string's tokens are in decode's blocks but not in the reply text. A stop token id (int) or EOS is the
+    # last sampled token, which has no KV yet, so only a string stop is unsafe; an engine that does not report
+    # stop_reason leaves us in doubt.
+    stopped_on_token = isinstance(reply.stop_reason, int) and not isinstance(reply.stop_reason, bool)
+    if reply.finish_reason == "stop" and request_body.get("stop") and not stopped_on_token:
+        return "stopped on a stop string"
     return None
 
 

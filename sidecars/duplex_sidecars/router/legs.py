@@ -57,8 +57,12 @@ def make_session(resolver: aiohttp.abc.AbstractResolver | None = None) -> aiohtt
         resolver=resolver,
     )
     # Engines set no cookies, and the router must never carry one from one client's request to another's.
-    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None), auto_decompress=True,
-                                 cookie_jar=aiohttp.DummyCookieJar())
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=None),
+        auto_decompress=True,
+        cookie_jar=aiohttp.DummyCookieJar(),
+    )
 
 
 def make_engine_client(resolver: aiohttp.abc.AbstractResolver | None = None) -> EngineClient:
@@ -94,7 +98,7 @@ async def _status_failure(resp: EngineResponse) -> LegFailure:
     try:
         async with asyncio.timeout(10):
             body = await resp.read()
-    except (ConnectionError, asyncio.TimeoutError):
+    except (TimeoutError, ConnectionError):
         body = b""
     finally:
         resp.release()
@@ -102,8 +106,9 @@ async def _status_failure(resp: EngineResponse) -> LegFailure:
     return LegFailure(kind, f"HTTP {resp.status}", status=resp.status, body=body)
 
 
-async def prefill(client: EngineClient, base: str, path: str, body: bytes, headers: dict[str, str],
-                  timeouts: TimeoutsConfig) -> dict[str, Any]:
+async def prefill(
+    client: EngineClient, base: str, path: str, body: bytes, headers: dict[str, str], timeouts: TimeoutsConfig
+) -> dict[str, Any]:
     """Run the prefill leg (`body` is the JSON to send) on the engine at `base`; returns prefill's JSON reply."""
     resp: EngineResponse | None = None
     try:
@@ -114,7 +119,7 @@ async def prefill(client: EngineClient, base: str, path: str, body: bytes, heade
             raw = await resp.read()
     except LegFailure:
         raise
-    except (OSError, asyncio.TimeoutError) as exc:  # EngineConnectError and EngineDisconnected too
+    except (TimeoutError, OSError) as exc:  # EngineConnectError and EngineDisconnected too
         if resp is not None:
             resp.close()
         raise _classify(exc) from exc
@@ -127,14 +132,15 @@ async def prefill(client: EngineClient, base: str, path: str, body: bytes, heade
     return reply
 
 
-async def open_decode(client: EngineClient, base: str, path: str, body: bytes, headers: dict[str, str],
-                      timeouts: TimeoutsConfig) -> EngineResponse:
+async def open_decode(
+    client: EngineClient, base: str, path: str, body: bytes, headers: dict[str, str], timeouts: TimeoutsConfig
+) -> EngineResponse:
     """Start the decode leg (`body` is the JSON to send) on the engine at `base`; returns the open 200 response (the
     caller reads it, then releases or closes it)."""
     try:
         async with asyncio.timeout(timeouts.decode_first_byte_seconds):
             resp = await client.post(base, path, body, headers, timeouts.connect_seconds)
-    except (OSError, asyncio.TimeoutError) as exc:  # EngineConnectError and EngineDisconnected too
+    except (TimeoutError, OSError) as exc:  # EngineConnectError and EngineDisconnected too
         raise _classify(exc) from exc
     if resp.status != 200:
         raise await _status_failure(resp)
@@ -221,10 +227,8 @@ def engine_error_body(failure: LegFailure) -> dict[str, Any] | None:
         return None
     if not isinstance(parsed, dict):
         return None
-    if isinstance(parsed.get("error"), dict):
-        err = parsed["error"]
-    else:  # vLLM's older ErrorResponse: {"object": "error", "message", "type", "code"}
-        err = parsed
+    # vLLM's older ErrorResponse is flat: {"object": "error", "message", "type", "code"}
+    err = parsed["error"] if isinstance(parsed.get("error"), dict) else parsed
     return {
         "error": {
             "message": str(err.get("message", failure.detail)),

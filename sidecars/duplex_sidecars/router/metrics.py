@@ -19,6 +19,7 @@ MISS_REASONS: tuple[str, ...] = (
     "prefill_retry",
 )
 
+
 class _Children:
     """A labelled metric for the hot path: each label set's child is looked up once (prometheus-client validates
     the values and takes a lock on every `labels` call). Only for label sets that are never removed."""
@@ -41,47 +42,65 @@ class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = _Children(Counter(
-            "duplex_router_requests", "Client requests by route and final HTTP status.", ["route", "status"], registry=r
-        ))
-        self.ttft = _Children(Histogram(
-            "duplex_router_time_to_first_token_seconds",
-            "From request arrival to the first byte sent to the client.",
-            ["route", "stream"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        ))
-        self.e2e = _Children(Histogram(
-            "duplex_router_request_duration_seconds",
-            "From request arrival to the last byte sent to the client.",
-            ["route", "stream"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        ))
-        self.leg_duration = _Children(Histogram(
-            "duplex_router_leg_duration_seconds",
-            "Prefill leg until its reply; decode leg until its response headers.",
-            ["leg"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        ))
+        self.requests = _Children(
+            Counter(
+                "duplex_router_requests",
+                "Client requests by route and final HTTP status.",
+                ["route", "status"],
+                registry=r,
+            )
+        )
+        self.ttft = _Children(
+            Histogram(
+                "duplex_router_time_to_first_token_seconds",
+                "From request arrival to the first byte sent to the client.",
+                ["route", "stream"],
+                buckets=_LATENCY_BUCKETS,
+                registry=r,
+            )
+        )
+        self.e2e = _Children(
+            Histogram(
+                "duplex_router_request_duration_seconds",
+                "From request arrival to the last byte sent to the client.",
+                ["route", "stream"],
+                buckets=_LATENCY_BUCKETS,
+                registry=r,
+            )
+        )
+        self.leg_duration = _Children(
+            Histogram(
+                "duplex_router_leg_duration_seconds",
+                "Prefill leg until its reply; decode leg until its response headers.",
+                ["leg"],
+                buckets=_LATENCY_BUCKETS,
+                registry=r,
+            )
+        )
         self.reuse_hits = Counter(
             "duplex_router_kv_reuse_hits", "Prefill legs that carried decode's retained blocks.", registry=r
         )
-        self.reuse_misses = _Children(Counter(
-            "duplex_router_kv_reuse_misses", "Prefill legs sent with the miss payload, by reason.", ["reason"], registry=r
-        ))
+        self.reuse_misses = _Children(
+            Counter(
+                "duplex_router_kv_reuse_misses",
+                "Prefill legs sent with the miss payload, by reason.",
+                ["reason"],
+                registry=r,
+            )
+        )
         self.reused_tokens = Counter(
             "duplex_router_kv_reused_tokens",
             "Sum of remote_num_tokens replayed to prefill (tokens offered for the D->P pull).",
             registry=r,
         )
-        self.captures = _Children(Counter(
-            "duplex_router_kv_captures",
-            "Decode replies by what was stored: stored, not_replayable, no_params, not_stored (no id or failed).",
-            ["outcome"],
-            registry=r,
-        ))
+        self.captures = _Children(
+            Counter(
+                "duplex_router_kv_captures",
+                "Decode replies by what was stored: stored, not_replayable, no_params, not_stored (no id or failed).",
+                ["outcome"],
+                registry=r,
+            )
+        )
         self.retries = Counter("duplex_router_retries", "Leg retries, by leg.", ["leg"], registry=r)
         self.backend_errors = Counter(
             "duplex_router_backend_errors",
@@ -96,7 +115,9 @@ class RouterMetrics:
             "duplex_router_endpoints", "Known engines by role and health.", ["role", "state"], registry=r
         )
         self.store_entries = Gauge(
-            "duplex_router_store_entries", "Entries in the conversation store (Redis: refreshed every 30 s).", registry=r
+            "duplex_router_store_entries",
+            "Entries in the conversation store (Redis: refreshed every 30 s).",
+            registry=r,
         )
         self.store_errors = Counter(
             "duplex_router_store_errors", "Store operations that failed, by operation.", ["op"], registry=r
@@ -107,7 +128,10 @@ class RouterMetrics:
             registry=r,
         )
         self.config_reloads = Counter(
-            "duplex_router_config_reloads", "Config file reloads by outcome (applied, invalid).", ["outcome"], registry=r
+            "duplex_router_config_reloads",
+            "Config file reloads by outcome (applied, invalid).",
+            ["outcome"],
+            registry=r,
         )
         for reason in MISS_REASONS:
             self.reuse_misses.labels(reason)

@@ -70,8 +70,9 @@ async def lookup(store: Store, turn: Turn, decode_pool: EnginePool, metrics: Rou
     return Decision(params, None, sticky, tokens if isinstance(tokens, int) else 0)
 
 
-async def record(store: Store, turn: Turn, decode_url: str, kv_params: Any, reply: Reply, ttl: float,
-                 metrics: RouterMetrics) -> str:
+async def record(
+    store: Store, turn: Turn, decode_url: str, kv_params: Any, reply: Reply, ttl: float, metrics: RouterMetrics
+) -> str:
     """Store what decode retained after this turn (or a tombstone saying it cannot be replayed); returns the
     capture outcome for metrics."""
     if turn.key is None:

@@ -46,7 +46,7 @@ class SSEParser:
             if not part.startswith(b"data: ") or b"\n" in part:
                 return None
             datas.append(part[6:])
-        return chunk[:end + 2], datas, chunk[end + 2:]
+        return chunk[: end + 2], datas, chunk[end + 2 :]
 
     def take_rest(self, rest: bytes) -> None:
         """After `split_plain`: the incomplete tail becomes the pending buffer."""

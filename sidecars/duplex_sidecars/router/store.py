@@ -104,7 +104,9 @@ def _pack_block_ids(block_ids: Any) -> tuple[int | list[int], bytes] | None:
     if len(flat) <= _SMALL_IDS:
         if flat and max(flat) >= _ID_LIMIT:
             return None
-        small = array("i", [b - a for a, b in zip(chain((0,), flat), flat)])  # |delta| < 2**31: int32 holds it
+        small = array(
+            "i", [b - a for a, b in zip(chain((0,), flat), flat, strict=False)]
+        )  # |delta| < 2**31: int32 holds it
         return shape, small.tobytes()
     ids = np.frombuffer(flat, dtype=np.uint32)
     if int(ids.max()) >= _ID_LIMIT:
@@ -136,7 +138,7 @@ def unpack_params(blob: bytes) -> dict[str, Any]:
     try:
         raw = blob[1:] if blob[:1] == _RAW else zlib.decompress(blob)
         size = int.from_bytes(raw[:4], "little")
-        position, shape, params = _load(memoryview(raw)[4 + size:])
+        position, shape, params = _load(memoryview(raw)[4 + size :])
         if shape is None:
             return params
         # Partial sums of the deltas are the ids themselves, so int32 cannot overflow.
@@ -144,7 +146,7 @@ def unpack_params(blob: bytes) -> dict[str, Any]:
             raise ValueError(f"{size} bytes of block-id deltas")
         if size // 4 <= _SMALL_IDS:
             deltas = array("i")
-            deltas.frombytes(raw[4:4 + size])
+            deltas.frombytes(raw[4 : 4 + size])
             ids = list(accumulate(deltas))
         else:
             ids = np.cumsum(np.frombuffer(raw, dtype=np.int32, count=size // 4, offset=4), dtype=np.int32).tolist()
@@ -155,7 +157,7 @@ def unpack_params(blob: bytes) -> dict[str, Any]:
         else:
             block_ids, start = [], 0
             for length in shape:
-                block_ids.append(ids[start:start + length])
+                block_ids.append(ids[start : start + length])
                 start += length
         items = list(params.items())
         items.insert(position, (_IDS_KEY, block_ids))
@@ -187,9 +189,17 @@ class Entry:
 
     __slots__ = ("blob", "covered", "decode_url", "expired", "expires_at", "reason", "scope")
 
-    def __init__(self, decode_url: str, params: dict[str, Any] | None = None, reason: str | None = None,
-                 covered: Covered | None = None, scope: str | None = None, expires_at: float = 0.0,
-                 *, blob: bytes | None = None):
+    def __init__(
+        self,
+        decode_url: str,
+        params: dict[str, Any] | None = None,
+        reason: str | None = None,
+        covered: Covered | None = None,
+        scope: str | None = None,
+        expires_at: float = 0.0,
+        *,
+        blob: bytes | None = None,
+    ):
         self.decode_url = decode_url
         self.blob = pack_params(params) if params is not None else blob
         self.reason = reason  # tombstone reason
@@ -217,8 +227,16 @@ class Entry:
 
     def to_row(self) -> Row:
         cov = self.covered
-        return (self.decode_url, self.reason, cov.kind if cov else None, cov.digest if cov else None,
-                cov.length if cov else None, self.scope, self.expires_at, self.blob)
+        return (
+            self.decode_url,
+            self.reason,
+            cov.kind if cov else None,
+            cov.digest if cov else None,
+            cov.length if cov else None,
+            self.scope,
+            self.expires_at,
+            self.blob,
+        )
 
     @classmethod
     def from_row(cls, row: Row) -> Entry:
@@ -238,8 +256,8 @@ class Entry:
             if raw[:1] != _ENTRY_FORMAT:
                 raise ValueError(f"unknown entry format {raw[:1]!r}")
             size = int.from_bytes(raw[1:5], "little")
-            url, reason, kind, digest, length, scope, expires_at = _load(memoryview(raw)[5:5 + size])
-            return cls.from_row((url, reason, kind, digest, length, scope, float(expires_at), raw[5 + size:] or None))
+            url, reason, kind, digest, length, scope, expires_at = _load(memoryview(raw)[5 : 5 + size])
+            return cls.from_row((url, reason, kind, digest, length, scope, float(expires_at), raw[5 + size :] or None))
         except (ValueError, TypeError) as exc:
             raise StoreError(f"undecodable entry: {type(exc).__name__}: {exc}") from exc
 
@@ -250,9 +268,11 @@ class Entry:
 
     def __repr__(self) -> str:
         size = len(self.blob) if self.blob is not None else None
-        return (f"Entry(decode_url={self.decode_url!r}, blob={size} bytes, reason={self.reason!r}, "
-                f"covered={self.covered!r}, scope={self.scope!r}, expires_at={self.expires_at!r}, "
-                f"expired={self.expired!r})")
+        return (
+            f"Entry(decode_url={self.decode_url!r}, blob={size} bytes, reason={self.reason!r}, "
+            f"covered={self.covered!r}, scope={self.scope!r}, expires_at={self.expires_at!r}, "
+            f"expired={self.expired!r})"
+        )
 
 
 class Store(Protocol):
@@ -291,8 +311,12 @@ class MemoryStore:
     kind = "memory"
     immediate = True
 
-    def __init__(self, max_entries: int, max_bytes: int = StoreConfig.model_fields["max_bytes"].default,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        max_entries: int,
+        max_bytes: int = StoreConfig.model_fields["max_bytes"].default,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._clock = clock
@@ -371,8 +395,14 @@ class MemoryStore:
         return self._bytes
 
     def health(self) -> dict[str, Any]:
-        return {"kind": self.kind, "healthy": True, "entries": len(self._entries), "max_entries": self.max_entries,
-                "bytes": self._bytes, "max_bytes": self.max_bytes}
+        return {
+            "kind": self.kind,
+            "healthy": True,
+            "entries": len(self._entries),
+            "max_entries": self.max_entries,
+            "bytes": self._bytes,
+            "max_bytes": self.max_bytes,
+        }
 
     async def close(self) -> None:
         self._entries.clear()

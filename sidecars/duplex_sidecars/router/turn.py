@@ -64,8 +64,7 @@ def request_id_of(request: Request) -> str:
     return os.urandom(16).hex()
 
 
-def parse_turn(request: Request, raw: bytes, conversation: ConversationConfig,
-               served_models: list[str]) -> Turn:
+def parse_turn(request: Request, raw: bytes, conversation: ConversationConfig, served_models: list[str]) -> Turn:
     path = request.path
     route = ROUTES[path]
     try:

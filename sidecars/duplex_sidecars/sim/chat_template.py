@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from duplex_sidecars.sim.tokenizer import IM_END, IM_START, SPECIAL_TOKENS, tokenize, token_id
+from duplex_sidecars.sim.tokenizer import IM_END, IM_START, SPECIAL_TOKENS, token_id, tokenize
 
 _NAME = SPECIAL_TOKENS["<|name|>"]
 _TOOL_CALL = SPECIAL_TOKENS["<|tool_call|>"]
@@ -71,9 +71,7 @@ def render_message(message: Any) -> list[int]:
     return out + [IM_END]
 
 
-def render_chat(
-    messages: Any, tools: Any = None, add_generation_prompt: bool = True
-) -> list[int]:
+def render_chat(messages: Any, tools: Any = None, add_generation_prompt: bool = True) -> list[int]:
     """The prompt tokens of a chat request."""
     if not isinstance(messages, list) or not messages:
         raise TemplateError("'messages' must be a non-empty list")

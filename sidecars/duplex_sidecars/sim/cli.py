@@ -28,42 +28,84 @@ leg); --role only names the engine. Cost-model delays default to 0 so tests run 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="duplex sim", description=_DESCRIPTION,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
-    p.add_argument("--role", choices=("prefill", "decode"), required=True, help="engine role (names the engine; requests follow their kv_transfer_params)")
+    p.add_argument(
+        "--role",
+        choices=("prefill", "decode"),
+        required=True,
+        help="engine role (names the engine; requests follow their kv_transfer_params)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address of the HTTP API and the side channel")
     p.add_argument("--port", type=int, default=8000, help="HTTP API port")
-    p.add_argument("--side-channel-port", type=int, default=5600,
-                   help="NIXL side-channel port (vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT), returned as remote_port")
-    p.add_argument("--side-channel-host", default=None,
-                   help="host advertised as remote_host (vLLM's VLLM_NIXL_SIDE_CHANNEL_HOST); None = --host")
-    p.add_argument("--engine-id", default=None, help="engine id returned as remote_engine_id; None = sim-<role>-<random>")
+    p.add_argument(
+        "--side-channel-port",
+        type=int,
+        default=5600,
+        help="NIXL side-channel port (vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT), returned as remote_port",
+    )
+    p.add_argument(
+        "--side-channel-host",
+        default=None,
+        help="host advertised as remote_host (vLLM's VLLM_NIXL_SIDE_CHANNEL_HOST); None = --host",
+    )
+    p.add_argument(
+        "--engine-id", default=None, help="engine id returned as remote_engine_id; None = sim-<role>-<random>"
+    )
     p.add_argument("--model", "--served-model-name", dest="model", default="sim", help="served model name")
     p.add_argument("--max-model-len", type=int, default=32768, help="prompt + output token limit")
     kv = p.add_argument_group("KV cache")
     kv.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     kv.add_argument("--num-blocks", type=int, default=4096, help="KV blocks in the engine's buffer")
     kv.add_argument("--block-bytes", type=int, default=4096, help="bytes per KV block (a multiple of --block-size)")
-    kv.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                    help="reuse cached blocks of identical prompt prefixes")
+    kv.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse cached blocks of identical prompt prefixes",
+    )
     bi = p.add_argument_group("NixlConnector (kv_connector_extra_config)")
-    bi.add_argument("--bidirectional", action=argparse.BooleanOptionalAction, default=True,
-                    help="bidirectional_kv_xfer: decode retains blocks and returns params; prefill reads them")
-    bi.add_argument("--kv-recompute-threshold", type=int, default=64,
-                    help="prefill recomputes when 0 < remote tokens beyond its cache hits < this (0 disables)")
+    bi.add_argument(
+        "--bidirectional",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="bidirectional_kv_xfer: decode retains blocks and returns params; prefill reads them",
+    )
+    bi.add_argument(
+        "--kv-recompute-threshold",
+        type=int,
+        default=64,
+        help="prefill recomputes when 0 < remote tokens beyond its cache hits < this (0 disables)",
+    )
     bi.add_argument("--decoder-kv-blocks-ttl", type=float, default=480.0, help="seconds decode retains blocks")
-    bi.add_argument("--kv-lease-duration", type=float, default=30.0,
-                    help="seconds prefill keeps blocks for decode to read")
-    bi.add_argument("--kv-load-failure-policy", choices=("recompute", "fail"), default="fail",
-                    help="on a failed/declined/expired/corrupt remote load: recompute locally or fail the request")
+    bi.add_argument(
+        "--kv-lease-duration", type=float, default=30.0, help="seconds prefill keeps blocks for decode to read"
+    )
+    bi.add_argument(
+        "--kv-load-failure-policy",
+        choices=("recompute", "fail"),
+        default="fail",
+        help="on a failed/declined/expired/corrupt remote load: recompute locally or fail the request",
+    )
     bi.add_argument("--nixl-backend", default="UCX", help="NIXL backend plugin")
-    bi.add_argument("--fail-on-corrupt", action="store_true",
-                    help="test mode: a block that fails verification makes the request fail with HTTP 500")
+    bi.add_argument(
+        "--fail-on-corrupt",
+        action="store_true",
+        help="test mode: a block that fails verification makes the request fail with HTTP 500",
+    )
     cost = p.add_argument_group("cost model (all 0 = no simulated compute time)")
     cost.add_argument("--prefill-us-per-token", type=float, default=0.0, help="prefill time per computed token")
-    cost.add_argument("--prefill-attention-us-per-token2", type=float, default=0.0,
-                      help="attention term: per (new token x context token) pair")
+    cost.add_argument(
+        "--prefill-attention-us-per-token2",
+        type=float,
+        default=0.0,
+        help="attention term: per (new token x context token) pair",
+    )
     cost.add_argument("--decode-us-per-token", type=float, default=0.0, help="time per generated token")
-    cost.add_argument("--transfer-gbps", type=float, default=0.0,
-                      help="simulated KV transfer bandwidth in Gbit/s (0 = only the real NIXL copy time)")
+    cost.add_argument(
+        "--transfer-gbps",
+        type=float,
+        default=0.0,
+        help="simulated KV transfer bandwidth in Gbit/s (0 = only the real NIXL copy time)",
+    )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
 

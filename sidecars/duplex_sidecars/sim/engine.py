@@ -88,7 +88,9 @@ class Engine:
         self.metrics = SimMetrics(cfg.model)
         self.retained = RetainedBlocks()
         self.side = SideChannelClient()
-        self.transport = transport or NixlTransport(f"{cfg.engine_id}-{uuid.uuid4().hex[:8]}", self.pool, cfg.nixl_backend)
+        self.transport = transport or NixlTransport(
+            f"{cfg.engine_id}-{uuid.uuid4().hex[:8]}", self.pool, cfg.nixl_backend
+        )
         self._metadata = encode_metadata(self.transport.metadata())
         self._tasks: list[asyncio.Task[None]] = []
         self._claimed = asyncio.Event()
@@ -310,12 +312,16 @@ class Engine:
         except ValueError as e:
             raise SideChannelError("bad_params", str(e)) from e
         if plan.positions.stop > len(remote_ids):
-            raise SideChannelError("bad_params", f"{count} tokens need {plan.positions.stop} blocks, got {len(remote_ids)}")
+            raise SideChannelError(
+                "bad_params", f"{count} tokens need {plan.positions.stop} blocks, got {len(remote_ids)}"
+            )
         host, port = str(params["remote_host"]), int(params["remote_port"])
         remote_request = str(params["remote_request_id"])
         remote = await self.side.remote(host, port, str(params["remote_engine_id"]))
         if (remote.block_size, remote.block_bytes) != (self.pool.block_size, self.pool.block_bytes):
-            raise SideChannelError("layout_mismatch", f"remote blocks are {remote.block_size} tokens/{remote.block_bytes} B")
+            raise SideChannelError(
+                "layout_mismatch", f"remote blocks are {remote.block_size} tokens/{remote.block_bytes} B"
+            )
         if p_node and kv_policy.is_expired(params.get("remote_blocks_expiry_time"), remote.clock_offset,
                                            time.perf_counter()):  # fmt: skip
             log.warning("Declining expired remote read for %s from engine %s.", req.request_id, remote.engine_id)

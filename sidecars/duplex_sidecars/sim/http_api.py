@@ -33,7 +33,9 @@ class ApiError(Exception):
 
 
 def _error(status: int, message: str, type_: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": type_, "param": None, "code": status}}, status=status)
+    return web.json_response(
+        {"error": {"message": message, "type": type_, "param": None, "code": status}}, status=status
+    )
 
 
 def _event(obj: Any) -> bytes:
@@ -65,8 +67,10 @@ def _completion_prompt(prompt: Any) -> list[int]:
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         return tokenize(prompt)
-    if isinstance(prompt, list) and prompt and all(
-        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < _MAX_TOKEN_ID for t in prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < _MAX_TOKEN_ID for t in prompt)
     ):
         return list(prompt)
     raise ApiError(400, "'prompt' must be a string or a list of token ids (batches are not supported)")
@@ -178,7 +182,9 @@ class OpenAIApi:
         finally:
             self.engine.abort(run)
 
-    async def _stream(self, request: web.Request, run: Running, reply: _Reply, include_usage: bool) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, run: Running, reply: _Reply, include_usage: bool
+    ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Request-Id": reply.id})  # fmt: skip
         await resp.prepare(request)

@@ -31,7 +31,7 @@ def token_chain(tokens: Sequence[int], model: str = "sim", prev: bytes | None = 
     pieces = []
     whole = n - n % _MEMO_RUN
     for start in range(0, whole, _MEMO_RUN):
-        run = tuple(tokens[start:start + _MEMO_RUN])
+        run = tuple(tokens[start : start + _MEMO_RUN])
         key = (prev, run)
         rows = _memo.get(key)
         if rows is None:
@@ -165,7 +165,7 @@ class BlockPool:
 
     def cache(self, block_ids: Sequence[int], hashes: Sequence[bytes]) -> None:
         """Publish full blocks in the prefix cache (the first block holding a prefix keeps it)."""
-        for block_id, h in zip(block_ids, hashes):
+        for block_id, h in zip(block_ids, hashes, strict=False):
             if h not in self._cached and block_id not in self._hash_of:
                 self._cached[h] = block_id
                 self._hash_of[block_id] = h

@@ -11,7 +11,7 @@ import pytest
 # The helpers module sits beside the tests; make it importable whatever pytest's import mode.
 sys.path.insert(0, str(Path(__file__).parent))
 
-import dsv_helpers  # noqa: E402
+import dsv_helpers
 
 
 @pytest.fixture

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import typing
-from typing import Any, Iterator
-
-from pydantic import BaseModel
-
-from duplex.api.spec import DisaggregatedServingSpec
+from collections.abc import Iterator
+from typing import Any
 
 from dsv_helpers import merge
-
+from duplex.api.spec import DisaggregatedServingSpec
+from pydantic import BaseModel
 
 # Every field set to a value other than its default. Exactly-one-of pairs are split across FULL and FULL_ALT.
 FULL: dict[str, Any] = {
@@ -39,10 +37,16 @@ FULL: dict[str, Any] = {
         "maxNumBatchedTokens": 8192,
         "nodeSelector": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}],
-        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"]}]}]}}},
-        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
-                                       "whenUnsatisfiable": "ScheduleAnyway"}],
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"]}]}]
+                }
+            }
+        },
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway"}
+        ],
         "priorityClassName": "high",
         "rollout": {"maxSurge": 0, "maxUnavailable": 1},
         "env": [{"name": "P", "value": "p"}, {"name": "P2", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}],
@@ -61,8 +65,9 @@ FULL: dict[str, Any] = {
         "nodeSelector": {"pool": "decode"},
         "tolerations": [{"key": "dedicated", "operator": "Exists"}],
         "affinity": {"podAntiAffinity": {}},
-        "topologySpreadConstraints": [{"maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone",
-                                       "whenUnsatisfiable": "DoNotSchedule"}],
+        "topologySpreadConstraints": [
+            {"maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule"}
+        ],
         "priorityClassName": "higher",
         "rollout": {"maxSurge": 2, "maxUnavailable": 1},
         "env": [{"name": "D", "value": "d"}, {"name": "D2", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
@@ -106,12 +111,15 @@ FULL: dict[str, Any] = {
     },
 }
 
-FULL_ALT: dict[str, Any] = merge(FULL, {
-    "model": {"cache": {"pvc": None, "hostPath": {"path": "/mnt/raid0"}}},
-    "prefill": {"accelerator": {"type": "aws.amazon.com/neuron"}},
-    "kvTransfer": {"backend": "LIBFABRIC", "bufferDevice": "cuda"},
-    "router": {"store": {"redis": {"url": None, "urlSecret": {"name": "redis", "key": "url"}}}},
-})
+FULL_ALT: dict[str, Any] = merge(
+    FULL,
+    {
+        "model": {"cache": {"pvc": None, "hostPath": {"path": "/mnt/raid0"}}},
+        "prefill": {"accelerator": {"type": "aws.amazon.com/neuron"}},
+        "kvTransfer": {"backend": "LIBFABRIC", "bufferDevice": "cuda"},
+        "router": {"store": {"redis": {"url": None, "urlSecret": {"name": "redis", "key": "url"}}}},
+    },
+)
 
 
 def drop_none(d: Any) -> Any:
@@ -126,36 +134,80 @@ FULL_ALT = drop_none(FULL_ALT)
 
 DEFAULTS: dict[str, Any] = {
     "model": {
-        "name": "org/model", "servedModelName": None, "image": "vllm/vllm-openai:v0.33.0",
-        "imagePullPolicy": "IfNotPresent", "dtype": "auto", "maxModelLen": None, "blockSize": 16,
-        "hfTokenSecret": None, "cache": None, "env": [], "extraArgs": [],
+        "name": "org/model",
+        "servedModelName": None,
+        "image": "vllm/vllm-openai:v0.33.0",
+        "imagePullPolicy": "IfNotPresent",
+        "dtype": "auto",
+        "maxModelLen": None,
+        "blockSize": 16,
+        "hfTokenSecret": None,
+        "cache": None,
+        "env": [],
+        "extraArgs": [],
     },
     **{
         role: {
-            "replicas": 1, "tensorParallelSize": 1, "accelerator": {"type": "nvidia.com/gpu", "count": None},
-            "cpu": None, "memory": None, "gpuMemoryUtilization": 0.9, "enablePrefixCaching": True,
-            "maxNumSeqs": None, "maxNumBatchedTokens": None, "nodeSelector": {}, "tolerations": [],
-            "affinity": None, "topologySpreadConstraints": [], "priorityClassName": None,
-            "rollout": {"maxSurge": 1, "maxUnavailable": 0}, "env": [], "extraArgs": [],
+            "replicas": 1,
+            "tensorParallelSize": 1,
+            "accelerator": {"type": "nvidia.com/gpu", "count": None},
+            "cpu": None,
+            "memory": None,
+            "gpuMemoryUtilization": 0.9,
+            "enablePrefixCaching": True,
+            "maxNumSeqs": None,
+            "maxNumBatchedTokens": None,
+            "nodeSelector": {},
+            "tolerations": [],
+            "affinity": None,
+            "topologySpreadConstraints": [],
+            "priorityClassName": None,
+            "rollout": {"maxSurge": 1, "maxUnavailable": 0},
+            "env": [],
+            "extraArgs": [],
         }
         for role in ("prefill", "decode")
     },
-    "network": {"efa": {
-        "enabled": False, "devicesPerPod": 16, "hugepages2Mi": "5120Mi", "shmSize": "64Gi", "privileged": False,
-        "forkSafe": True, "libraryPath": "/opt/amazon/efa/lib:/opt/amazon/efa/lib64", "sameZone": True,
-    }},
+    "network": {
+        "efa": {
+            "enabled": False,
+            "devicesPerPod": 16,
+            "hugepages2Mi": "5120Mi",
+            "shmSize": "64Gi",
+            "privileged": False,
+            "forkSafe": True,
+            "libraryPath": "/opt/amazon/efa/lib:/opt/amazon/efa/lib64",
+            "sameZone": True,
+        }
+    },
     "kvTransfer": {
-        "connector": "NixlConnector", "backend": None, "bufferDevice": None, "bidirectional": True,
-        "decodeBlocksTTL": 480, "recomputeThreshold": 64, "leaseDuration": 30, "loadFailurePolicy": "recompute",
-        "sideChannelPort": 5600, "allowDecodeTPBelowPrefill": False,
+        "connector": "NixlConnector",
+        "backend": None,
+        "bufferDevice": None,
+        "bidirectional": True,
+        "decodeBlocksTTL": 480,
+        "recomputeThreshold": 64,
+        "leaseDuration": 30,
+        "loadFailurePolicy": "recompute",
+        "sideChannelPort": 5600,
+        "allowDecodeTPBelowPrefill": False,
     },
     "router": {
-        "replicas": 1, "image": "ghcr.io/duplex-dev/duplex:0.1.0", "cpu": "1", "memory": "3Gi",
+        "replicas": 1,
+        "image": "ghcr.io/duplex-dev/duplex:0.1.0",
+        "cpu": "1",
+        "memory": "3Gi",
         "service": {"type": "ClusterIP", "port": 8000, "annotations": {}},
-        "conversation": {"bodyField": "conversation_id", "header": "X-Conversation-Id",
-                         "tenantHeader": "Authorization", "ttl": None},
+        "conversation": {
+            "bodyField": "conversation_id",
+            "header": "X-Conversation-Id",
+            "tenantHeader": "Authorization",
+            "ttl": None,
+        },
         "store": {"type": "memory", "maxEntries": 1_000_000, "redis": None},
-        "nodeSelector": {}, "tolerations": [], "maxBodyBytes": 32 * 1024 * 1024,
+        "nodeSelector": {},
+        "tolerations": [],
+        "maxBodyBytes": 32 * 1024 * 1024,
     },
 }
 
@@ -172,8 +224,9 @@ def _models_in(annotation: Any) -> list[tuple[type[BaseModel], bool]]:
     return found
 
 
-def model_paths(cls: type[BaseModel] = DisaggregatedServingSpec, path: tuple[Any, ...] = ()
-                ) -> Iterator[tuple[tuple[Any, ...], type[BaseModel]]]:
+def model_paths(
+    cls: type[BaseModel] = DisaggregatedServingSpec, path: tuple[Any, ...] = ()
+) -> Iterator[tuple[tuple[Any, ...], type[BaseModel]]]:
     """Every place in a spec document where an API model (not a pass-through Kubernetes object) sits."""
     yield path, cls
     for name, field in cls.model_fields.items():

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from duplex.api.meta import API_VERSION, KIND
 from duplex.render import Serving, desired_children, parse, parse_spec
 
@@ -49,13 +48,15 @@ def doc(spec_body: dict[str, Any], name: str = "demo", namespace: str | None = N
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec_body}
 
 
-def serving(patch: dict[str, Any] | None = None, base: dict[str, Any] | None = None, name: str = "demo",
-            namespace: str = "ns1") -> Serving:
+def serving(
+    patch: dict[str, Any] | None = None, base: dict[str, Any] | None = None, name: str = "demo", namespace: str = "ns1"
+) -> Serving:
     return parse(doc(spec_dict(patch, base), name=name, namespace=namespace))
 
 
-def children(patch: dict[str, Any] | None = None, base: dict[str, Any] | None = None, name: str = "demo",
-             namespace: str = "ns1") -> list[dict[str, Any]]:
+def children(
+    patch: dict[str, Any] | None = None, base: dict[str, Any] | None = None, name: str = "demo", namespace: str = "ns1"
+) -> list[dict[str, Any]]:
     return desired_children(serving(patch, base, name, namespace))
 
 

@@ -7,31 +7,42 @@ import copy
 from typing import Any
 
 import pytest
-
+from dsv_helpers import children, find
 from duplex.converge import APPLIED_HASH, adopt, covers, key, owned_by, owner_reference, plan
 
-from dsv_helpers import children, find
-
-PARENT = {"apiVersion": "duplex.dev/v1alpha1", "kind": "DisaggregatedServing",
-          "metadata": {"name": "demo", "namespace": "ns1", "uid": "uid-1"}}
-SEEDISH = {"network": {"efa": {"enabled": True}}, "prefill": {"memory": "64Gi", "cpu": "0.5"},
-           "decode": {"memory": "1024Mi", "cpu": "8"}, "router": {"cpu": "0.5", "memory": "1024Mi"},
-           "model": {"cache": {"pvc": {"claimName": "w"}}, "hfTokenSecret": {"name": "hf", "key": "t"}}}
+PARENT = {
+    "apiVersion": "duplex.dev/v1alpha1",
+    "kind": "DisaggregatedServing",
+    "metadata": {"name": "demo", "namespace": "ns1", "uid": "uid-1"},
+}
+SEEDISH = {
+    "network": {"efa": {"enabled": True}},
+    "prefill": {"memory": "64Gi", "cpu": "0.5"},
+    "decode": {"memory": "1024Mi", "cpu": "8"},
+    "router": {"cpu": "0.5", "memory": "1024Mi"},
+    "model": {"cache": {"pvc": {"claimName": "w"}}, "hfTokenSecret": {"name": "hf", "key": "t"}},
+}
 
 
 def serverize(obj: dict[str, Any]) -> dict[str, Any]:
     """What the API server returns for an applied object: defaults filled in, quantities canonicalised."""
     live = copy.deepcopy(adopt(obj, PARENT))
     meta = live["metadata"]
-    meta.update(uid="child-uid", resourceVersion="123", generation=1, creationTimestamp="2026-01-01T00:00:00Z",
-                managedFields=[{"manager": "duplex-operator", "operation": "Apply"}])
+    meta.update(
+        uid="child-uid",
+        resourceVersion="123",
+        generation=1,
+        creationTimestamp="2026-01-01T00:00:00Z",
+        managedFields=[{"manager": "duplex-operator", "operation": "Apply"}],
+    )
     kind = live["kind"]
     if kind == "Deployment":
         spec = live["spec"]
         spec.update(progressDeadlineSeconds=600, revisionHistoryLimit=10)
         pod = spec["template"]["spec"]
-        pod.update(dnsPolicy="ClusterFirst", restartPolicy="Always", schedulerName="default-scheduler",
-                   securityContext={})
+        pod.update(
+            dnsPolicy="ClusterFirst", restartPolicy="Always", schedulerName="default-scheduler", securityContext={}
+        )
         pod.setdefault("terminationGracePeriodSeconds", 30)
         for vol in pod.get("volumes", []):
             if "configMap" in vol:
@@ -52,8 +63,9 @@ def serverize(obj: dict[str, Any]) -> dict[str, Any]:
                     env["valueFrom"]["fieldRef"]["apiVersion"] = "v1"
         live["status"] = {"observedGeneration": 1, "replicas": spec["replicas"], "readyReplicas": spec["replicas"]}
     elif kind == "Service":
-        live["spec"].update(sessionAffinity="None", ipFamilies=["IPv4"], ipFamilyPolicy="SingleStack",
-                            internalTrafficPolicy="Cluster")
+        live["spec"].update(
+            sessionAffinity="None", ipFamilies=["IPv4"], ipFamilyPolicy="SingleStack", internalTrafficPolicy="Cluster"
+        )
         if live["spec"].get("clusterIP") != "None":
             live["spec"].update(clusterIP="10.0.0.7", clusterIPs=["10.0.0.7"])
         else:
@@ -69,10 +81,19 @@ def desired() -> list[dict[str, Any]]:
 # --- covers -----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("live,want", [
-    ("0.5", "500m"), ("500m", "0.5"), ("1Gi", "1024Mi"), ("1024Mi", "1Gi"), ("1", "1000m"), ("2k", "2000"),
-    ("1G", "1000M"), ("16", "16"),
-])
+@pytest.mark.parametrize(
+    "live,want",
+    [
+        ("0.5", "500m"),
+        ("500m", "0.5"),
+        ("1Gi", "1024Mi"),
+        ("1024Mi", "1Gi"),
+        ("1", "1000m"),
+        ("2k", "2000"),
+        ("1G", "1000M"),
+        ("16", "16"),
+    ],
+)
 def test_equal_quantities_cover(live: str, want: str) -> None:
     assert covers({"cpu": live}, {"cpu": want})
 
@@ -95,10 +116,19 @@ def test_non_quantity_strings_compare_exactly() -> None:
 
 def test_server_added_fields_are_ignored() -> None:
     want = {"spec": {"replicas": 1, "template": {"spec": {"containers": [{"name": "a", "image": "x"}]}}}}
-    live = {"spec": {"replicas": 1, "progressDeadlineSeconds": 600,
-                     "template": {"spec": {"dnsPolicy": "ClusterFirst", "containers": [
-                         {"name": "a", "image": "x", "terminationMessagePath": "/dev/termination-log"}]}}},
-            "status": {"readyReplicas": 1}}
+    live = {
+        "spec": {
+            "replicas": 1,
+            "progressDeadlineSeconds": 600,
+            "template": {
+                "spec": {
+                    "dnsPolicy": "ClusterFirst",
+                    "containers": [{"name": "a", "image": "x", "terminationMessagePath": "/dev/termination-log"}],
+                }
+            },
+        },
+        "status": {"readyReplicas": 1},
+    }
     assert covers(live, want)
 
 
@@ -214,14 +244,19 @@ def test_spec_change_is_planned_for_exactly_the_affected_children() -> None:
     changed = [adopt(o, PARENT) for o in children({**SEEDISH, "kvTransfer": {"recomputeThreshold": 8}})]
     apply, _ = plan(changed, live, "uid-1")
     # engines roll with the new threshold; the ConfigMap shows it (kv-transfer-*.json); nothing else changes
-    assert names(apply) == [("ConfigMap", "demo-router"), ("Deployment", "demo-prefill"),
-                            ("Deployment", "demo-decode")]
+    assert names(apply) == [("ConfigMap", "demo-router"), ("Deployment", "demo-prefill"), ("Deployment", "demo-decode")]
 
 
 def test_only_owned_stale_children_are_deleted() -> None:
     live = _live()
-    stale_owned = serverize({"apiVersion": "v1", "kind": "Service",
-                             "metadata": {"name": "demo-old", "namespace": "ns1"}, "spec": {"ports": []}})
+    stale_owned = serverize(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "demo-old", "namespace": "ns1"},
+            "spec": {"ports": []},
+        }
+    )
     stale_foreign = copy.deepcopy(stale_owned)
     stale_foreign["metadata"]["name"] = "someone-elses"
     stale_foreign["metadata"]["ownerReferences"] = [{**owner_reference(PARENT), "uid": "other-uid"}]
@@ -242,8 +277,9 @@ def test_a_wanted_child_is_never_deleted_even_if_drifted() -> None:
 
 def test_same_name_different_kind_is_a_different_child() -> None:
     live = _live()
-    impostor = serverize({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "demo-router",
-                                                                             "namespace": "ns1"}})
+    impostor = serverize(
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "demo-router", "namespace": "ns1"}}
+    )
     apply, delete = plan(desired(), live + [impostor], "uid-1")
     assert apply == [] and names(delete) == [("Secret", "demo-router")]
 
@@ -256,9 +292,16 @@ def test_owner_reference_and_adopt() -> None:
     before = copy.deepcopy(child)
     adopted = adopt(child, PARENT)
     assert child == before  # adopt is pure
-    assert adopted["metadata"]["ownerReferences"] == [{
-        "apiVersion": "duplex.dev/v1alpha1", "kind": "DisaggregatedServing", "name": "demo", "uid": "uid-1",
-        "controller": True, "blockOwnerDeletion": True}]
+    assert adopted["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "duplex.dev/v1alpha1",
+            "kind": "DisaggregatedServing",
+            "name": "demo",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
     rest = {k: v for k, v in adopted["metadata"].items() if k not in ("ownerReferences", "annotations")}
     assert rest == {k: v for k, v in child["metadata"].items() if k != "annotations"}
     stamp = adopted["metadata"]["annotations"][APPLIED_HASH]

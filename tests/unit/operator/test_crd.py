@@ -7,24 +7,25 @@ import re
 import subprocess
 import sys
 import typing
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import jsonschema
 import pytest
 import yaml
-from pydantic import BaseModel
-
+from dsv_cases import BOUNDS, ENUMS, FULL, FULL_ALT, QUANTITIES, fmt, model_paths
+from dsv_helpers import CRD_FILE as COMMITTED
+from dsv_helpers import REPO, merge, spec_dict
 from duplex.api.meta import GROUP, KIND, PLURAL, SHORT_NAME, SINGULAR, VERSION
 from duplex.api.naming import NAME_RULE
 from duplex.api.owned_args import OWNED_FLAGS
 from duplex.api.rules import Checked
 from duplex.crd import crd, openapi_schema
-from duplex.crd_cli import CRD_FILE, main as crds_main
+from duplex.crd_cli import CRD_FILE
+from duplex.crd_cli import main as crds_main
 from duplex.render import InvalidSpec, parse_spec
-
-from dsv_cases import BOUNDS, ENUMS, FULL, FULL_ALT, QUANTITIES, fmt, model_paths
-from dsv_helpers import CRD_FILE as COMMITTED, REPO, merge, spec_dict
+from pydantic import BaseModel
 
 ROOT = openapi_schema()
 SPEC = ROOT["properties"]["spec"]
@@ -55,8 +56,14 @@ def test_top_level_shape() -> None:
     assert c["metadata"]["name"] == f"{PLURAL}.{GROUP}" == "disaggregatedservings.duplex.dev"
     s = c["spec"]
     assert s["group"] == GROUP == "duplex.dev" and s["scope"] == "Namespaced"
-    assert s["names"] == {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL, "singular": SINGULAR,
-                          "shortNames": ["dsv"], "categories": ["duplex"]}
+    assert s["names"] == {
+        "kind": KIND,
+        "listKind": f"{KIND}List",
+        "plural": PLURAL,
+        "singular": SINGULAR,
+        "shortNames": ["dsv"],
+        "categories": ["duplex"],
+    }
     assert SHORT_NAME == "dsv"
     [version] = s["versions"]
     assert (version["name"], version["served"], version["storage"]) == (VERSION, True, True) == ("v1alpha1", True, True)
@@ -86,7 +93,9 @@ def test_schema_is_structural(part: str) -> None:
         preserve = node.get("x-kubernetes-preserve-unknown-fields") is True
         assert "type" in node or node.get("x-kubernetes-int-or-string"), path
         if node.get("type") == "object" and not preserve:
-            assert "properties" in node or isinstance(node.get("additionalProperties"), dict) or path == ".metadata", path
+            assert "properties" in node or isinstance(node.get("additionalProperties"), dict) or path == ".metadata", (
+                path
+            )
         if node.get("type") == "array":
             assert isinstance(node.get("items"), dict) and "type" in node["items"], path
         assert node.get("additionalProperties", {}) not in (True, False), path
@@ -103,14 +112,27 @@ def test_status_keeps_unknown_fields_and_spec_is_required() -> None:
     assert ROOT["properties"]["status"]["x-kubernetes-preserve-unknown-fields"] is True
     assert ROOT["properties"]["metadata"] == {"type": "object"}
     status = ROOT["properties"]["status"]["properties"]
-    assert {"prefill", "decode", "router", "conditions", "effectiveKV", "routerEndpoint", "engineConfigHash",
-            "observedGeneration"} <= set(status)
+    assert {
+        "prefill",
+        "decode",
+        "router",
+        "conditions",
+        "effectiveKV",
+        "routerEndpoint",
+        "engineConfigHash",
+        "observedGeneration",
+    } <= set(status)
     assert status["prefill"]["properties"]["summary"]["type"] == "string"
 
 
 def test_kubernetes_objects_pass_through_unpruned() -> None:
-    for path in [("prefill", "affinity"), ("decode", "tolerations", 0), ("prefill", "topologySpreadConstraints", 0),
-                 ("model", "env", 0, "valueFrom"), ("router", "tolerations", 0)]:
+    for path in [
+        ("prefill", "affinity"),
+        ("decode", "tolerations", 0),
+        ("prefill", "topologySpreadConstraints", 0),
+        ("model", "env", 0, "valueFrom"),
+        ("router", "tolerations", 0),
+    ]:
         node = schema_at(path)
         assert node["type"] == "object" and node["x-kubernetes-preserve-unknown-fields"] is True, path
 
@@ -144,8 +166,9 @@ def test_field_descriptions_come_from_the_models() -> None:
 
 
 def test_every_spec_field_is_documented_for_kubectl_explain() -> None:
-    missing = [path for path, node in nodes(SPEC) if path and not node.get("description")
-               and not path.endswith(("[]", "{}"))]
+    missing = [
+        path for path, node in nodes(SPEC) if path and not node.get("description") and not path.endswith(("[]", "{}"))
+    ]
     assert missing == []
     # list items that are API objects are documented too (kubectl explain shows them under the list field)
     assert schema_at(("model", "env", 0, "name"))["description"]
@@ -174,8 +197,10 @@ VIOLATIONS: dict[str, list[dict[str, Any]]] = {
     "RedisSpec": [{}],
     "StoreSpec": [{"type": "redis"}],
     "RouterSpec": [{"memory": "128Mi"}, {"replicas": 2}],
-    **{cls: [{"extraArgs": ["--enforce-eager", flags[0], "1"]} for flags, _ in OWNED_FLAGS]
-       for cls in ("ModelSpec", "PrefillSpec", "DecodeSpec")},
+    **{
+        cls: [{"extraArgs": ["--enforce-eager", flags[0], "1"]} for flags, _ in OWNED_FLAGS]
+        for cls in ("ModelSpec", "PrefillSpec", "DecodeSpec")
+    },
 }
 
 RULE_LOCATIONS = [(path, cls) for path, cls in model_paths() if issubclass(cls, Checked) and cls.RULES]
@@ -201,9 +226,18 @@ def test_every_model_rule_has_a_violation_case() -> None:
     for cls in classes:
         assert len(VIOLATIONS[cls.__name__]) == len(cls.RULES), cls.__name__
     assert {fmt(p) for p, _ in RULE_LOCATIONS} >= {
-        "spec", "spec.model", "spec.model.cache", "spec.prefill", "spec.decode", "spec.prefill.rollout",
-        "spec.decode.rollout", "spec.router", "spec.router.conversation", "spec.router.store",
-        "spec.router.store.redis"}
+        "spec",
+        "spec.model",
+        "spec.model.cache",
+        "spec.prefill",
+        "spec.decode",
+        "spec.prefill.rollout",
+        "spec.decode.rollout",
+        "spec.router",
+        "spec.router.conversation",
+        "spec.router.store",
+        "spec.router.store.redis",
+    }
 
 
 @pytest.mark.parametrize("path,cls", RULE_LOCATIONS, ids=[f"{fmt(p)}:{c.__name__}" for p, c in RULE_LOCATIONS])
@@ -217,8 +251,9 @@ def test_rules_declared_in_the_crd_where_the_model_sits(path: tuple[Any, ...], c
 
 
 @pytest.mark.parametrize("path,cls", RULE_LOCATIONS, ids=[f"{fmt(p)}:{c.__name__}" for p, c in RULE_LOCATIONS])
-def test_python_reports_each_rule_with_the_crd_message_at_the_crd_location(path: tuple[Any, ...],
-                                                                          cls: type[Checked]) -> None:
+def test_python_reports_each_rule_with_the_crd_message_at_the_crd_location(
+    path: tuple[Any, ...], cls: type[Checked]
+) -> None:
     declared = schema_at(path)["x-kubernetes-validations"]
     for rule, patch, schema_rule in zip(cls.RULES, VIOLATIONS[cls.__name__], declared, strict=True):
         body = set_in(spec_dict(), path, patch)
@@ -325,8 +360,9 @@ def _at(path: str, value: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("path,low,lowest,highest,high,extra", BOUNDS, ids=[b[0] for b in BOUNDS])
-def test_crd_bounds_equal_python_bounds(path: str, low: Any, lowest: Any, highest: Any, high: Any,
-                                        extra: dict[str, Any]) -> None:
+def test_crd_bounds_equal_python_bounds(
+    path: str, low: Any, lowest: Any, highest: Any, high: Any, extra: dict[str, Any]
+) -> None:
     for ok in (lowest, highest):
         body = spec_dict(merge(extra, _at(path, ok)))
         parse_spec(body)
@@ -390,8 +426,9 @@ def test_committed_crd_is_up_to_date(tmp_path: Path) -> None:
 
 
 def test_duplex_crds_command_prints_the_committed_file() -> None:
-    out = subprocess.run([sys.executable, "-m", "duplex.cli", "crds"], capture_output=True, text=True, cwd=REPO,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "duplex.cli", "crds"], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout == COMMITTED.read_text()
     assert out.stdout.startswith("# Generated by `duplex crds`")

@@ -7,13 +7,11 @@ import json
 from typing import Any
 
 import pytest
-
+from dsv_helpers import arg_value, env_map, merge, spec
 from duplex.children import efa
 from duplex.children.engine import engine_deployment
 from duplex.children.labels import SERVING_LABEL
 from duplex.render import InvalidSpec
-
-from dsv_helpers import arg_value, env_map, merge, spec
 
 EFA_ON = {"network": {"efa": {"enabled": True}}, "prefill": {"memory": "256Gi"}, "decode": {"memory": "256Gi"}}
 FI_VARS = {"FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "FI_EFA_USE_HUGE_PAGE", "FI_EFA_FORK_SAFE", "LD_LIBRARY_PATH"}
@@ -55,13 +53,24 @@ def test_privileged_is_ignored_without_efa() -> None:
 
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_efa_resources_are_requested_equal_to_limits(role: str) -> None:
-    patch = merge(EFA_ON, {"network": {"efa": {"devicesPerPod": 32, "hugepages2Mi": "8Gi"}},
-                           "prefill": {"tensorParallelSize": 8}, "decode": {"tensorParallelSize": 8}})
+    patch = merge(
+        EFA_ON,
+        {
+            "network": {"efa": {"devicesPerPod": 32, "hugepages2Mi": "8Gi"}},
+            "prefill": {"tensorParallelSize": 8},
+            "decode": {"tensorParallelSize": 8},
+        },
+    )
     ctr = pod(merge(patch, {role: {"cpu": "96"}}), role)["containers"][0]
     res = ctr["resources"]
     assert res["requests"] == res["limits"]
-    assert res["requests"] == {"nvidia.com/gpu": "8", "cpu": "96", "memory": "256Gi",
-                               "vpc.amazonaws.com/efa": "32", "hugepages-2Mi": "8Gi"}
+    assert res["requests"] == {
+        "nvidia.com/gpu": "8",
+        "cpu": "96",
+        "memory": "256Gi",
+        "vpc.amazonaws.com/efa": "32",
+        "hugepages-2Mi": "8Gi",
+    }
     # requests and limits are separate objects: mutating one cannot change the other
     assert res["requests"] is not res["limits"]
 
@@ -92,8 +101,9 @@ def test_efa_shm_size_limit() -> None:
 
 @pytest.mark.parametrize("fork_safe,value", [(True, "1"), (False, "0")])
 def test_efa_env(fork_safe: bool, value: str) -> None:
-    env = env_map(pod(merge(EFA_ON, {"network": {"efa": {"forkSafe": fork_safe,
-                                                         "libraryPath": "/opt/x/lib"}}}))["containers"][0])
+    env = env_map(
+        pod(merge(EFA_ON, {"network": {"efa": {"forkSafe": fork_safe, "libraryPath": "/opt/x/lib"}}}))["containers"][0]
+    )
     assert env["FI_PROVIDER"]["value"] == "efa"
     assert env["FI_EFA_USE_DEVICE_RDMA"]["value"] == "1"
     assert env["FI_EFA_USE_HUGE_PAGE"]["value"] == "1"
@@ -114,37 +124,53 @@ def test_efa_selects_libfabric_unless_backend_is_set(role: str) -> None:
     forced = merge(EFA_ON, {"kvTransfer": {"backend": "UCX"}})
     assert kv_config(forced, role)["kv_connector_extra_config"]["backends"] == ["UCX"]
     assert kv_config({"kvTransfer": {"backend": "LIBFABRIC"}}, role)["kv_connector_extra_config"]["backends"] == [
-        "LIBFABRIC"]
+        "LIBFABRIC"
+    ]
 
 
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_efa_requires_same_zone_and_prefers_the_same_network_leaf(role: str) -> None:
     affinity = pod(EFA_ON, role, name="qwen")["affinity"]
     peers = {"matchLabels": {SERVING_LABEL: "qwen"}}
-    assert affinity == {"podAffinity": {
-        "requiredDuringSchedulingIgnoredDuringExecution": [
-            {"labelSelector": peers, "topologyKey": "topology.kubernetes.io/zone"}],
-        "preferredDuringSchedulingIgnoredDuringExecution": [
-            {"weight": 100, "podAffinityTerm": {"labelSelector": peers,
-                                                "topologyKey": "topology.k8s.aws/network-node-layer-3"}}],
-    }}
+    assert affinity == {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": peers, "topologyKey": "topology.kubernetes.io/zone"}
+            ],
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {"labelSelector": peers, "topologyKey": "topology.k8s.aws/network-node-layer-3"},
+                }
+            ],
+        }
+    }
 
 
 def test_same_zone_off_drops_the_co_placement() -> None:
     assert "affinity" not in pod(merge(EFA_ON, {"network": {"efa": {"sameZone": False}}}))
     user = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
-    assert pod(merge(EFA_ON, {"network": {"efa": {"sameZone": False}}, "prefill": {"affinity": user}}))[
-        "affinity"] == user
+    assert (
+        pod(merge(EFA_ON, {"network": {"efa": {"sameZone": False}}, "prefill": {"affinity": user}}))["affinity"] == user
+    )
 
 
 def test_user_affinity_is_merged_not_replaced_and_not_mutated() -> None:
     user_term = {"labelSelector": {"matchLabels": {"team": "a"}}, "topologyKey": "kubernetes.io/hostname"}
     user_pref = {"weight": 5, "podAffinityTerm": user_term}
-    node_aff = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]}}
-    user = {"nodeAffinity": node_aff, "podAntiAffinity": {"x": 1},
-            "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [user_term],
-                            "preferredDuringSchedulingIgnoredDuringExecution": [user_pref]}}
+    node_aff = {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]
+        }
+    }
+    user = {
+        "nodeAffinity": node_aff,
+        "podAntiAffinity": {"x": 1},
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [user_term],
+            "preferredDuringSchedulingIgnoredDuringExecution": [user_pref],
+        },
+    }
     s = spec(merge(EFA_ON, {"prefill": {"affinity": user}}))
     snapshot = json.dumps(s.prefill.affinity, sort_keys=True)
     merged = efa.affinity(s, "demo", s.prefill)
@@ -176,7 +202,8 @@ def test_gpu_count_defaults_to_tp(tp: int, count: int) -> None:
     s = spec({"decode": {"tensorParallelSize": tp}})
     assert efa.accelerator_count(s.decode) == count
     assert pod({"decode": {"tensorParallelSize": tp}}, "decode")["containers"][0]["resources"]["limits"][
-        "nvidia.com/gpu"] == str(count)
+        "nvidia.com/gpu"
+    ] == str(count)
 
 
 @pytest.mark.parametrize("tp,count", [(1, 1), (2, 1), (3, 2), (8, 4), (32, 16), (63, 32), (64, 32)])
@@ -187,8 +214,14 @@ def test_neuron_count_defaults_to_half_the_tp_rounded_up(tp: int, count: int) ->
 
 def test_explicit_count_wins() -> None:
     assert efa.accelerator_count(spec({"prefill": {"accelerator": {"count": 3}}}).prefill) == 3
-    assert efa.accelerator_count(spec({"prefill": {"tensorParallelSize": 1, "accelerator": {
-        "type": "aws.amazon.com/neuron", "count": 16}}}).prefill) == 16
+    assert (
+        efa.accelerator_count(
+            spec(
+                {"prefill": {"tensorParallelSize": 1, "accelerator": {"type": "aws.amazon.com/neuron", "count": 16}}}
+            ).prefill
+        )
+        == 16
+    )
 
 
 @pytest.mark.parametrize("role", ["prefill", "decode"])
@@ -212,8 +245,10 @@ def test_gpu_resource_toleration_and_cuda_buffer() -> None:
 
 def test_buffer_device_override() -> None:
     assert kv_config({"kvTransfer": {"bufferDevice": "cpu"}})["kv_buffer_device"] == "cpu"
-    assert kv_config({"kvTransfer": {"bufferDevice": "cuda"}, "prefill": {"accelerator": NEURON}})[
-        "kv_buffer_device"] == "cuda"
+    assert (
+        kv_config({"kvTransfer": {"bufferDevice": "cuda"}, "prefill": {"accelerator": NEURON}})["kv_buffer_device"]
+        == "cuda"
+    )
 
 
 def test_user_tolerations_are_added_after_the_accelerator_taint_without_duplicates() -> None:
@@ -224,13 +259,20 @@ def test_user_tolerations_are_added_after_the_accelerator_taint_without_duplicat
 
 
 def test_efa_and_neuron_together() -> None:
-    patch = merge(EFA_ON, {"prefill": {"accelerator": {"type": "aws.amazon.com/neuron", "count": 16},
-                                       "tensorParallelSize": 32},
-                           "decode": {"accelerator": {"type": "aws.amazon.com/neuron", "count": 16},
-                                      "tensorParallelSize": 32}})
+    patch = merge(
+        EFA_ON,
+        {
+            "prefill": {"accelerator": {"type": "aws.amazon.com/neuron", "count": 16}, "tensorParallelSize": 32},
+            "decode": {"accelerator": {"type": "aws.amazon.com/neuron", "count": 16}, "tensorParallelSize": 32},
+        },
+    )
     res = pod(patch)["containers"][0]["resources"]["limits"]
-    assert res == {"aws.amazon.com/neuron": "16", "memory": "256Gi", "vpc.amazonaws.com/efa": "16",
-                   "hugepages-2Mi": "5120Mi"}
+    assert res == {
+        "aws.amazon.com/neuron": "16",
+        "memory": "256Gi",
+        "vpc.amazonaws.com/efa": "16",
+        "hugepages-2Mi": "5120Mi",
+    }
     cfg = kv_config(patch)
     assert cfg["kv_buffer_device"] == "cpu" and cfg["kv_connector_extra_config"]["backends"] == ["LIBFABRIC"]
 
@@ -238,4 +280,6 @@ def test_efa_and_neuron_together() -> None:
 def test_cpu_and_memory_only_when_set() -> None:
     assert pod()["containers"][0]["resources"]["requests"] == {"nvidia.com/gpu": "1"}
     assert pod({"prefill": {"cpu": "500m"}})["containers"][0]["resources"]["requests"] == {
-        "nvidia.com/gpu": "1", "cpu": "500m"}
+        "nvidia.com/gpu": "1",
+        "cpu": "500m",
+    }

@@ -8,19 +8,18 @@ from typing import Any
 
 import pytest
 import yaml
-
+from dsv_helpers import arg_value, container, env_map, merge, spec
 from duplex.children import labels as labels_module
 from duplex.children.engine import config_hash, engine_config_hash, engine_deployment, served_model_name, vllm_args
 from duplex.children.kv_config import kv_transfer_json
 from duplex.children.labels import ENGINE_HASH_ANNOTATION, ROLE_LABEL, SERVING_LABEL
 
-from dsv_helpers import arg_value, container, env_map, merge, spec
-
 ROLES = ("prefill", "decode")
 
 
-def deployment(patch: dict[str, Any] | None = None, role: str = "prefill", name: str = "demo",
-               namespace: str = "ns1") -> dict[str, Any]:
+def deployment(
+    patch: dict[str, Any] | None = None, role: str = "prefill", name: str = "demo", namespace: str = "ns1"
+) -> dict[str, Any]:
     return engine_deployment(spec(patch), name, namespace, role)
 
 
@@ -53,12 +52,19 @@ def test_minimal_args_in_order() -> None:
 
 
 def test_typed_fields_become_their_flags() -> None:
-    s = spec({
-        "model": {"servedModelName": "qwen", "dtype": "bfloat16", "maxModelLen": 32768, "blockSize": 32},
-        "prefill": {"tensorParallelSize": 4, "gpuMemoryUtilization": 0.85, "enablePrefixCaching": False,
-                    "maxNumSeqs": 8, "maxNumBatchedTokens": 8192},
-        "decode": {"tensorParallelSize": 8, "maxNumSeqs": 256},
-    })
+    s = spec(
+        {
+            "model": {"servedModelName": "qwen", "dtype": "bfloat16", "maxModelLen": 32768, "blockSize": 32},
+            "prefill": {
+                "tensorParallelSize": 4,
+                "gpuMemoryUtilization": 0.85,
+                "enablePrefixCaching": False,
+                "maxNumSeqs": 8,
+                "maxNumBatchedTokens": 8192,
+            },
+            "decode": {"tensorParallelSize": 8, "maxNumSeqs": 256},
+        }
+    )
     p, d = vllm_args(s, "prefill"), vllm_args(s, "decode")
     assert p[0] == d[0] == "org/model"
     assert arg_value(p, "--served-model-name") == "qwen"
@@ -80,8 +86,10 @@ def test_unset_optional_flags_are_left_to_vllm() -> None:
 
 @pytest.mark.parametrize("value,text", [(0.9, "0.9"), (1, "1"), (0.95, "0.95"), (0.123456, "0.123456")])
 def test_gpu_memory_utilization_rendering(value: float, text: str) -> None:
-    assert arg_value(vllm_args(spec({"prefill": {"gpuMemoryUtilization": value}}), "prefill"),
-                     "--gpu-memory-utilization") == text
+    assert (
+        arg_value(vllm_args(spec({"prefill": {"gpuMemoryUtilization": value}}), "prefill"), "--gpu-memory-utilization")
+        == text
+    )
 
 
 def test_kv_transfer_config_is_one_json_argument_per_role() -> None:
@@ -95,9 +103,13 @@ def test_kv_transfer_config_is_one_json_argument_per_role() -> None:
 
 
 def test_extra_args_follow_the_typed_flags_model_first() -> None:
-    s = spec({"model": {"extraArgs": ["--enforce-eager", "--seed=1"]},
-              "prefill": {"extraArgs": ["--max-num-partial-prefills", "2"]},
-              "decode": {"extraArgs": ["--swap-space=8"]}})
+    s = spec(
+        {
+            "model": {"extraArgs": ["--enforce-eager", "--seed=1"]},
+            "prefill": {"extraArgs": ["--max-num-partial-prefills", "2"]},
+            "decode": {"extraArgs": ["--swap-space=8"]},
+        }
+    )
     p, d = vllm_args(s, "prefill"), vllm_args(s, "decode")
     assert p[-4:] == ["--enforce-eager", "--seed=1", "--max-num-partial-prefills", "2"]
     assert d[-3:] == ["--enforce-eager", "--seed=1", "--swap-space=8"]
@@ -121,7 +133,9 @@ def test_image_and_pull_policy() -> None:
 def test_side_channel_env_advertises_the_pod_ip() -> None:
     env = env_map(container(deployment({"kvTransfer": {"sideChannelPort": 5700}})))
     assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == {
-        "name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+        "name": "VLLM_NIXL_SIDE_CHANNEL_HOST",
+        "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+    }
     assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": "5700"}
 
 
@@ -150,8 +164,9 @@ def test_no_cache_means_no_hf_home_and_only_shm() -> None:
 @pytest.mark.parametrize("read_only", [True, False])
 def test_model_cache_on_a_pvc(read_only: bool) -> None:
     ps = pod_spec({"model": {"cache": {"pvc": {"claimName": "weights", "readOnly": read_only}}}})
-    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "weights", "readOnly": read_only}} \
-        in ps["volumes"]
+    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "weights", "readOnly": read_only}} in ps[
+        "volumes"
+    ]
     assert {"name": "model-cache", "mountPath": "/models"} in ps["containers"][0]["volumeMounts"]
     assert env_map(ps["containers"][0])["HF_HOME"] == {"name": "HF_HOME", "value": "/models"}
 
@@ -166,10 +181,16 @@ def test_model_cache_on_a_host_path_with_custom_mount() -> None:
 
 
 def test_user_env_appends_and_overrides_by_name() -> None:
-    ctr = container(deployment({
-        "model": {"env": [{"name": "A", "value": "model"}, {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": "9"}]},
-        "prefill": {"env": [{"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]},
-    }))
+    ctr = container(
+        deployment(
+            {
+                "model": {
+                    "env": [{"name": "A", "value": "model"}, {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": "9"}]
+                },
+                "prefill": {"env": [{"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]},
+            }
+        )
+    )
     names = [e["name"] for e in ctr["env"]]
     assert names == ["VLLM_NIXL_SIDE_CHANNEL_HOST", "A", "VLLM_NIXL_SIDE_CHANNEL_PORT", "B"]
     env = env_map(ctr)
@@ -183,8 +204,9 @@ def test_user_env_appends_and_overrides_by_name() -> None:
 def test_probes() -> None:
     ctr = container(deployment())
     health = {"path": "/health", "port": "http"}
-    assert ctr["startupProbe"]["httpGet"] == ctr["readinessProbe"]["httpGet"] == ctr["livenessProbe"]["httpGet"] \
-        == health
+    assert (
+        ctr["startupProbe"]["httpGet"] == ctr["readinessProbe"]["httpGet"] == ctr["livenessProbe"]["httpGet"] == health
+    )
     startup = ctr["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 30 * 60  # large models load for minutes
     assert ctr["readinessProbe"]["periodSeconds"] <= 10
@@ -206,8 +228,17 @@ def test_pod_spec_defaults() -> None:
 def test_placement_fields_pass_through() -> None:
     tsc = [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway"}]
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
-    ps = pod_spec({"decode": {"nodeSelector": {"pool": "gpu"}, "topologySpreadConstraints": tsc,
-                              "priorityClassName": "critical", "affinity": affinity}}, "decode")
+    ps = pod_spec(
+        {
+            "decode": {
+                "nodeSelector": {"pool": "gpu"},
+                "topologySpreadConstraints": tsc,
+                "priorityClassName": "critical",
+                "affinity": affinity,
+            }
+        },
+        "decode",
+    )
     assert ps["nodeSelector"] == {"pool": "gpu"}
     assert ps["topologySpreadConstraints"] == tsc
     assert ps["priorityClassName"] == "critical"
@@ -216,8 +247,12 @@ def test_placement_fields_pass_through() -> None:
 
 
 def test_deployment_metadata_replicas_strategy() -> None:
-    d = deployment({"prefill": {"replicas": 3, "rollout": {"maxSurge": 0, "maxUnavailable": 2}}}, "prefill",
-                   name="qwen", namespace="inference")
+    d = deployment(
+        {"prefill": {"replicas": 3, "rollout": {"maxSurge": 0, "maxUnavailable": 2}}},
+        "prefill",
+        name="qwen",
+        namespace="inference",
+    )
     assert d["apiVersion"] == "apps/v1" and d["kind"] == "Deployment"
     assert d["metadata"]["name"] == "qwen-prefill" and d["metadata"]["namespace"] == "inference"
     assert d["spec"]["replicas"] == 3
@@ -256,8 +291,12 @@ def test_operator_version_bump_does_not_roll_engines(monkeypatch: pytest.MonkeyP
 
 # --- config hash ------------------------------------------------------------------------------------------------
 
-BASE = {"network": {"efa": {"enabled": True}}, "prefill": {"memory": "64Gi", "tensorParallelSize": 2},
-        "decode": {"memory": "64Gi", "tensorParallelSize": 2}, "kvTransfer": {"allowDecodeTPBelowPrefill": True}}
+BASE = {
+    "network": {"efa": {"enabled": True}},
+    "prefill": {"memory": "64Gi", "tensorParallelSize": 2},
+    "decode": {"memory": "64Gi", "tensorParallelSize": 2},
+    "kvTransfer": {"allowDecodeTPBelowPrefill": True},
+}
 
 # Changes the engines must roll for (they change what the pods run).
 ENGINE_CHANGES = {
@@ -286,15 +325,17 @@ ROUTER_CHANGES = {
     "router service": {"router": {"service": {"type": "LoadBalancer", "port": 80, "annotations": {"a": "b"}}}},
     "router store": {"router": {"store": {"maxEntries": 5}}},
     "router maxBodyBytes": {"router": {"maxBodyBytes": 4096}},
-    "router placement": {"router": {"nodeSelector": {"pool": "cpu"}, "tolerations": [{"key": "k",
-                                                                                      "operator": "Exists"}]}},
+    "router placement": {
+        "router": {"nodeSelector": {"pool": "cpu"}, "tolerations": [{"key": "k", "operator": "Exists"}]}
+    },
 }
 
 
 def test_hash_annotation_is_the_hash_of_the_pod_spec() -> None:
     d = deployment(BASE)
     assert d["spec"]["template"]["metadata"]["annotations"] == {
-        ENGINE_HASH_ANNOTATION: config_hash(d["spec"]["template"]["spec"])}
+        ENGINE_HASH_ANNOTATION: config_hash(d["spec"]["template"]["spec"])
+    }
     assert len(engine_hash(BASE)) == 16 and int(engine_hash(BASE), 16) >= 0
 
 
@@ -314,8 +355,14 @@ def test_engine_facing_change_changes_the_hash_of_both_roles(change: str) -> Non
 @pytest.mark.parametrize("role", ROLES)
 def test_role_only_change_changes_only_that_role(role: str) -> None:
     other = "decode" if role == "prefill" else "prefill"
-    for patch in ({"env": [{"name": "X", "value": "1"}]}, {"tensorParallelSize": 4}, {"gpuMemoryUtilization": 0.8},
-                  {"extraArgs": ["--enforce-eager"]}, {"cpu": "8"}, {"maxNumSeqs": 4}):
+    for patch in (
+        {"env": [{"name": "X", "value": "1"}]},
+        {"tensorParallelSize": 4},
+        {"gpuMemoryUtilization": 0.8},
+        {"extraArgs": ["--enforce-eager"]},
+        {"cpu": "8"},
+        {"maxNumSeqs": 4},
+    ):
         changed = merge(BASE, {role: patch})
         assert engine_hash(changed, role) != engine_hash(BASE, role), patch
         assert deployment(changed, other) == deployment(BASE, other), patch
@@ -350,9 +397,23 @@ def test_config_hash_ignores_key_order_but_not_values() -> None:
 
 
 def test_builders_are_pure() -> None:
-    s = spec(merge(BASE, {"prefill": {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchLabels": {"x": "y"}}, "topologyKey": "kubernetes.io/hostname"}]}}},
-        "decode": {"tolerations": [{"key": "k", "operator": "Exists"}]}}))
+    s = spec(
+        merge(
+            BASE,
+            {
+                "prefill": {
+                    "affinity": {
+                        "podAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": [
+                                {"labelSelector": {"matchLabels": {"x": "y"}}, "topologyKey": "kubernetes.io/hostname"}
+                            ]
+                        }
+                    }
+                },
+                "decode": {"tolerations": [{"key": "k", "operator": "Exists"}]},
+            },
+        )
+    )
     before = s.model_dump()
     first = [engine_deployment(s, "demo", "ns1", r) for r in ROLES]
     second = [engine_deployment(s, "demo", "ns1", r) for r in ROLES]

@@ -5,23 +5,23 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import kubernetes_validate
 import pytest
+from dsv_cases import FULL, FULL_ALT
+from dsv_helpers import SEED, TRAINIUM, children, doc, load, may_name_an_owned_flag, merge
+from duplex.crd import crd
+from duplex.render import desired_children, parse
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes_validate import utils as kv_utils
 
-from duplex.crd import crd
-from duplex.render import desired_children, parse
-
-from dsv_cases import FULL, FULL_ALT
-from dsv_helpers import SEED, TRAINIUM, children, doc, load, may_name_an_owned_flag, merge
-
 TARGET = "1.36"
-VERSIONS = sorted({kv_utils.major_minor(v) for v in kv_utils.all_versions()},
-                  key=lambda v: tuple(int(x) for x in v.split(".")))
+VERSIONS = sorted(
+    {kv_utils.major_minor(v) for v in kv_utils.all_versions()}, key=lambda v: tuple(int(x) for x in v.split("."))
+)
 K8S = TARGET if TARGET in VERSIONS else VERSIONS[-1]
 NEWEST = VERSIONS[-1]
 
@@ -117,29 +117,52 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "minimal": {},
     "full pvc + redis url": FULL,
     "full hostPath + redis secret": FULL_ALT,
-    "efa privileged": {"network": {"efa": {"enabled": True, "privileged": True}}, "prefill": {"memory": "1Gi"},
-                       "decode": {"memory": "1Gi"}},
+    "efa privileged": {
+        "network": {"efa": {"enabled": True, "privileged": True}},
+        "prefill": {"memory": "1Gi"},
+        "decode": {"memory": "1Gi"},
+    },
     "efa with user pod affinity": {
-        "network": {"efa": {"enabled": True}}, "prefill": {"memory": "1Gi", "affinity": {"podAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": [
-                {"labelSelector": {"matchLabels": {"a": "b"}}, "topologyKey": "kubernetes.io/hostname"}]}}},
-        "decode": {"memory": "1Gi"}},
-    "neuron without efa": {"prefill": {"accelerator": {"type": "aws.amazon.com/neuron"}, "tensorParallelSize": 8},
-                           "decode": {"accelerator": {"type": "aws.amazon.com/neuron"}, "tensorParallelSize": 8}},
+        "network": {"efa": {"enabled": True}},
+        "prefill": {
+            "memory": "1Gi",
+            "affinity": {
+                "podAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {"labelSelector": {"matchLabels": {"a": "b"}}, "topologyKey": "kubernetes.io/hostname"}
+                    ]
+                }
+            },
+        },
+        "decode": {"memory": "1Gi"},
+    },
+    "neuron without efa": {
+        "prefill": {"accelerator": {"type": "aws.amazon.com/neuron"}, "tensorParallelSize": 8},
+        "decode": {"accelerator": {"type": "aws.amazon.com/neuron"}, "tensorParallelSize": 8},
+    },
     "scaled to zero": {"prefill": {"replicas": 0}, "decode": {"replicas": 0}, "router": {"replicas": 0}},
-    "load balancer": {"router": {"service": {"type": "LoadBalancer", "port": 443, "annotations": {
-        "service.beta.kubernetes.io/aws-load-balancer-scheme": "internet-facing"}}}},
+    "load balancer": {
+        "router": {
+            "service": {
+                "type": "LoadBalancer",
+                "port": 443,
+                "annotations": {"service.beta.kubernetes.io/aws-load-balancer-scheme": "internet-facing"},
+            }
+        }
+    },
     "node port": {"router": {"service": {"type": "NodePort"}}},
-    "no prefix caching, all optional flags": {"model": {"maxModelLen": 4096, "servedModelName": "m"},
-                                              "prefill": {"enablePrefixCaching": False, "maxNumSeqs": 1,
-                                                          "maxNumBatchedTokens": 2048}},
+    "no prefix caching, all optional flags": {
+        "model": {"maxModelLen": 4096, "servedModelName": "m"},
+        "prefill": {"enablePrefixCaching": False, "maxNumSeqs": 1, "maxNumBatchedTokens": 2048},
+    },
 }
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS), ids=list(VARIANTS))
 def test_variants_validate(variant: str) -> None:
-    objs = desired_children(parse(doc(merge({"model": {"name": "org/model"}}, VARIANTS[variant]), name="v",
-                                      namespace="team-a")))
+    objs = desired_children(
+        parse(doc(merge({"model": {"name": "org/model"}}, VARIANTS[variant]), name="v", namespace="team-a"))
+    )
     assert len(objs) == 10
     validate_all(objs)
 
@@ -160,39 +183,80 @@ def test_crd_validates_as_a_custom_resource_definition() -> None:
 
 _QUANTITY = st.sampled_from(["1", "2", "500m", "0.5", "96", "1Gi", "1024Mi", "64G", "1000Gi", "5120Mi", "2k"])
 _LABEL = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True)
-_NODE_KEYS = st.sampled_from(["node.kubernetes.io/instance-type", "pool", "topology.kubernetes.io/zone",
-                              "example.com/accelerator"])
-_TOLERATION = st.sampled_from([
-    {"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"},
-    {"key": "spot", "operator": "Exists"},
-    {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30},
-    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-])
-_AFFINITY = st.sampled_from([
-    {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100", "h200"]}]}]}}},
-    {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 10, "podAffinityTerm": {
-        "labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "kubernetes.io/hostname"}}]}},
-    {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchExpressions": [{"key": "k", "operator": "Exists"}]}, "topologyKey": "zone"}]}},
-])
-_SPREAD = st.sampled_from([
-    {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway"},
-    {"maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
-     "labelSelector": {"matchLabels": {"duplex.dev/role": "decode"}}},
-])
+_NODE_KEYS = st.sampled_from(
+    ["node.kubernetes.io/instance-type", "pool", "topology.kubernetes.io/zone", "example.com/accelerator"]
+)
+_TOLERATION = st.sampled_from(
+    [
+        {"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"},
+        {"key": "spot", "operator": "Exists"},
+        {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30},
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    ]
+)
+_AFFINITY = st.sampled_from(
+    [
+        {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100", "h200"]}]}
+                    ]
+                }
+            }
+        },
+        {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 10,
+                        "podAffinityTerm": {
+                            "labelSelector": {"matchLabels": {"app": "x"}},
+                            "topologyKey": "kubernetes.io/hostname",
+                        },
+                    }
+                ]
+            }
+        },
+        {
+            "podAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchExpressions": [{"key": "k", "operator": "Exists"}]}, "topologyKey": "zone"}
+                ]
+            }
+        },
+    ]
+)
+_SPREAD = st.sampled_from(
+    [
+        {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway"},
+        {
+            "maxSkew": 2,
+            "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"duplex.dev/role": "decode"}},
+        },
+    ]
+)
 _ENV_NAME = st.from_regex(r"[A-Z_][A-Z0-9_]{0,15}", fullmatch=True)
 _ENV = st.one_of(
     st.builds(lambda n, v: {"name": n, "value": v}, _ENV_NAME, st.text(max_size=20)),
-    st.builds(lambda n, src: {"name": n, "valueFrom": src}, _ENV_NAME, st.sampled_from([
-        {"fieldRef": {"fieldPath": "spec.nodeName"}},
-        {"secretKeyRef": {"name": "s", "key": "k", "optional": True}},
-        {"configMapKeyRef": {"name": "c", "key": "k"}},
-        {"resourceFieldRef": {"resource": "limits.memory"}},
-    ])),
+    st.builds(
+        lambda n, src: {"name": n, "valueFrom": src},
+        _ENV_NAME,
+        st.sampled_from(
+            [
+                {"fieldRef": {"fieldPath": "spec.nodeName"}},
+                {"secretKeyRef": {"name": "s", "key": "k", "optional": True}},
+                {"configMapKeyRef": {"name": "c", "key": "k"}},
+                {"resourceFieldRef": {"resource": "limits.memory"}},
+            ]
+        ),
+    ),
 )
 _ARGS = st.lists(st.from_regex(r"--[a-z][a-z0-9-]{0,20}(=[a-z0-9.]{1,8})?", fullmatch=True), max_size=4).filter(
-    lambda args: not any(may_name_an_owned_flag(a) for a in args))
+    lambda args: not any(may_name_an_owned_flag(a) for a in args)
+)
 
 
 def _opt(d: dict[str, Any], key: str, value: Any, present: bool) -> None:
@@ -205,8 +269,20 @@ def role_specs(draw: st.DrawFn, tp: int, efa: bool) -> dict[str, Any]:
     role: dict[str, Any] = {"tensorParallelSize": tp}
     b = lambda: draw(st.booleans())  # noqa: E731
     _opt(role, "replicas", draw(st.integers(0, 1000)), b())
-    _opt(role, "accelerator", draw(st.fixed_dictionaries({}, optional={
-        "type": st.sampled_from(["nvidia.com/gpu", "aws.amazon.com/neuron"]), "count": st.integers(1, 64)})), b())
+    _opt(
+        role,
+        "accelerator",
+        draw(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "type": st.sampled_from(["nvidia.com/gpu", "aws.amazon.com/neuron"]),
+                    "count": st.integers(1, 64),
+                },
+            )
+        ),
+        b(),
+    )
     _opt(role, "cpu", draw(_QUANTITY), b())
     _opt(role, "memory", draw(_QUANTITY), efa or b())
     _opt(role, "gpuMemoryUtilization", draw(st.floats(0.01, 1.0)), b())
@@ -231,46 +307,95 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
     decode_tp = draw(st.integers(prefill_tp, 64))
     blocks_ttl = draw(st.integers(60, 86400))
     router_replicas = draw(st.integers(0, 100))
-    redis = draw(st.one_of(st.none(), st.just({"url": "redis://redis:6379/0"}),
-                           st.just({"urlSecret": {"name": "redis", "key": "url"}})))
+    redis = draw(
+        st.one_of(
+            st.none(), st.just({"url": "redis://redis:6379/0"}), st.just({"urlSecret": {"name": "redis", "key": "url"}})
+        )
+    )
     if router_replicas > 1 and redis is None:
         redis = {"url": "rediss://user:pw@redis:6380"}
     spec: dict[str, Any] = {
-        "model": draw(st.fixed_dictionaries({"name": st.sampled_from(["Qwen/Qwen3-32B", "/models/llama", "m"])},
-                                            optional={
-            "servedModelName": _LABEL,
-            "image": st.sampled_from(["vllm/vllm-openai:v0.33.0", "registry.example:5000/vllm@sha256:" + "a" * 64]),
-            "imagePullPolicy": st.sampled_from(["Always", "IfNotPresent", "Never"]),
-            "dtype": st.sampled_from(["auto", "bfloat16", "float16"]),
-            "maxModelLen": st.integers(1, 16_777_216),
-            "blockSize": st.sampled_from([1, 8, 16, 32, 64, 128]),
-            "hfTokenSecret": st.just({"name": "hf", "key": "token"}),
-            "cache": st.sampled_from([{"pvc": {"claimName": "weights"}},
-                                      {"hostPath": {"path": "/mnt/nvme"}, "mountPath": "/data"},
-                                      {"pvc": {"claimName": "w", "readOnly": False}, "mountPath": "/m"}]),
-            "env": st.lists(_ENV, max_size=2, unique_by=lambda e: e["name"]),
-            "extraArgs": _ARGS,
-        })),
+        "model": draw(
+            st.fixed_dictionaries(
+                {"name": st.sampled_from(["Qwen/Qwen3-32B", "/models/llama", "m"])},
+                optional={
+                    "servedModelName": _LABEL,
+                    "image": st.sampled_from(
+                        ["vllm/vllm-openai:v0.33.0", "registry.example:5000/vllm@sha256:" + "a" * 64]
+                    ),
+                    "imagePullPolicy": st.sampled_from(["Always", "IfNotPresent", "Never"]),
+                    "dtype": st.sampled_from(["auto", "bfloat16", "float16"]),
+                    "maxModelLen": st.integers(1, 16_777_216),
+                    "blockSize": st.sampled_from([1, 8, 16, 32, 64, 128]),
+                    "hfTokenSecret": st.just({"name": "hf", "key": "token"}),
+                    "cache": st.sampled_from(
+                        [
+                            {"pvc": {"claimName": "weights"}},
+                            {"hostPath": {"path": "/mnt/nvme"}, "mountPath": "/data"},
+                            {"pvc": {"claimName": "w", "readOnly": False}, "mountPath": "/m"},
+                        ]
+                    ),
+                    "env": st.lists(_ENV, max_size=2, unique_by=lambda e: e["name"]),
+                    "extraArgs": _ARGS,
+                },
+            )
+        ),
         "prefill": draw(role_specs(prefill_tp, efa)),
         "decode": draw(role_specs(decode_tp, efa)),
-        "network": {"efa": draw(st.fixed_dictionaries({"enabled": st.just(efa)}, optional={
-            "devicesPerPod": st.integers(1, 64), "hugepages2Mi": _QUANTITY, "shmSize": _QUANTITY,
-            "privileged": st.booleans(), "forkSafe": st.booleans(), "sameZone": st.booleans(),
-            "libraryPath": st.just("/opt/efa/lib")}))},
-        "kvTransfer": draw(st.fixed_dictionaries({"decodeBlocksTTL": st.just(blocks_ttl)}, optional={
-            "backend": st.sampled_from(["UCX", "LIBFABRIC"]), "bufferDevice": st.sampled_from(["cuda", "cpu"]),
-            "bidirectional": st.booleans(), "recomputeThreshold": st.integers(0, 1_048_576),
-            "leaseDuration": st.integers(6, 3600), "loadFailurePolicy": st.sampled_from(["recompute", "fail"]),
-            "sideChannelPort": st.integers(1024, 65535)})),
+        "network": {
+            "efa": draw(
+                st.fixed_dictionaries(
+                    {"enabled": st.just(efa)},
+                    optional={
+                        "devicesPerPod": st.integers(1, 64),
+                        "hugepages2Mi": _QUANTITY,
+                        "shmSize": _QUANTITY,
+                        "privileged": st.booleans(),
+                        "forkSafe": st.booleans(),
+                        "sameZone": st.booleans(),
+                        "libraryPath": st.just("/opt/efa/lib"),
+                    },
+                )
+            )
+        },
+        "kvTransfer": draw(
+            st.fixed_dictionaries(
+                {"decodeBlocksTTL": st.just(blocks_ttl)},
+                optional={
+                    "backend": st.sampled_from(["UCX", "LIBFABRIC"]),
+                    "bufferDevice": st.sampled_from(["cuda", "cpu"]),
+                    "bidirectional": st.booleans(),
+                    "recomputeThreshold": st.integers(0, 1_048_576),
+                    "leaseDuration": st.integers(6, 3600),
+                    "loadFailurePolicy": st.sampled_from(["recompute", "fail"]),
+                    "sideChannelPort": st.integers(1024, 65535),
+                },
+            )
+        ),
         "router": {
             "replicas": router_replicas,
-            "cpu": draw(_QUANTITY), "memory": draw(st.sampled_from(["256Mi", "1Gi", "3Gi", "1024Mi", "64G"])),
-            "service": draw(st.fixed_dictionaries({}, optional={
-                "type": st.sampled_from(["ClusterIP", "NodePort", "LoadBalancer"]), "port": st.integers(1, 65535),
-                "annotations": st.dictionaries(_NODE_KEYS, st.text(max_size=10), max_size=2)})),
-            "conversation": draw(st.fixed_dictionaries({}, optional={
-                "ttl": st.integers(1, blocks_ttl - 1), "tenantHeader": st.just("X-Tenant"),
-                "header": st.one_of(st.none(), st.just("X-Session"))})),
+            "cpu": draw(_QUANTITY),
+            "memory": draw(st.sampled_from(["256Mi", "1Gi", "3Gi", "1024Mi", "64G"])),
+            "service": draw(
+                st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "type": st.sampled_from(["ClusterIP", "NodePort", "LoadBalancer"]),
+                        "port": st.integers(1, 65535),
+                        "annotations": st.dictionaries(_NODE_KEYS, st.text(max_size=10), max_size=2),
+                    },
+                )
+            ),
+            "conversation": draw(
+                st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "ttl": st.integers(1, blocks_ttl - 1),
+                        "tenantHeader": st.just("X-Tenant"),
+                        "header": st.one_of(st.none(), st.just("X-Session")),
+                    },
+                )
+            ),
             "store": {"type": "redis", "redis": redis} if redis else {"type": "memory"},
             "nodeSelector": draw(st.dictionaries(_NODE_KEYS, _LABEL, max_size=2)),
             "tolerations": draw(st.lists(_TOLERATION, max_size=2)),
@@ -284,8 +409,9 @@ _NAMES = st.from_regex(r"[a-z]([-a-z0-9]{0,53}[a-z0-9])?", fullmatch=True)
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(spec=valid_specs(), name=_NAMES, namespace=st.from_regex(r"[a-z]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True))
-def test_random_valid_specs_render_objects_that_pass_the_kubernetes_schemas(spec: dict[str, Any], name: str,
-                                                                           namespace: str) -> None:
+def test_random_valid_specs_render_objects_that_pass_the_kubernetes_schemas(
+    spec: dict[str, Any], name: str, namespace: str
+) -> None:
     objs = desired_children(parse(doc(spec, name=name, namespace=namespace)))
     assert [o["kind"] for o in objs].count("Deployment") == 3
     assert {o["metadata"]["namespace"] for o in objs} == {namespace}

@@ -5,11 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from duplex.children.kv_config import (ROUTER_TTL_MARGIN, backend, buffer_device, effective, kv_transfer_config,
-                                       kv_transfer_json, router_ttl)
-
 from dsv_helpers import spec
+from duplex.children.kv_config import (
+    ROUTER_TTL_MARGIN,
+    backend,
+    buffer_device,
+    effective,
+    kv_transfer_config,
+    kv_transfer_json,
+    router_ttl,
+)
 
 ROLES = ("prefill", "decode")
 
@@ -33,9 +38,19 @@ def test_default_config(role: str) -> None:
 
 @pytest.mark.parametrize("role", ROLES)
 def test_every_kv_field_reaches_both_roles(role: str) -> None:
-    s = spec({"kvTransfer": {"bidirectional": False, "decodeBlocksTTL": 900, "recomputeThreshold": 0,
-                             "leaseDuration": 12, "loadFailurePolicy": "fail", "backend": "LIBFABRIC",
-                             "bufferDevice": "cpu"}})
+    s = spec(
+        {
+            "kvTransfer": {
+                "bidirectional": False,
+                "decodeBlocksTTL": 900,
+                "recomputeThreshold": 0,
+                "leaseDuration": 12,
+                "loadFailurePolicy": "fail",
+                "backend": "LIBFABRIC",
+                "bufferDevice": "cpu",
+            }
+        }
+    )
     cfg = kv_transfer_config(s, role)
     assert cfg["kv_load_failure_policy"] == "fail" and cfg["kv_buffer_device"] == "cpu"
     assert cfg["kv_connector_extra_config"] == {
@@ -90,9 +105,20 @@ def test_router_ttl_explicit() -> None:
 
 
 def test_effective_kv() -> None:
-    s = spec({"network": {"efa": {"enabled": True}}, "prefill": {"memory": "1Gi"}, "decode": {"memory": "1Gi"},
-              "kvTransfer": {"decodeBlocksTTL": 600, "recomputeThreshold": 128, "bidirectional": False,
-                             "leaseDuration": 20, "loadFailurePolicy": "fail"}})
+    s = spec(
+        {
+            "network": {"efa": {"enabled": True}},
+            "prefill": {"memory": "1Gi"},
+            "decode": {"memory": "1Gi"},
+            "kvTransfer": {
+                "decodeBlocksTTL": 600,
+                "recomputeThreshold": 128,
+                "bidirectional": False,
+                "leaseDuration": 20,
+                "loadFailurePolicy": "fail",
+            },
+        }
+    )
     assert effective(s) == {
         "backend": "LIBFABRIC",
         "bidirectional": False,

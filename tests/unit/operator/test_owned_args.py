@@ -3,16 +3,16 @@ form, wherever extraArgs appear, with a message naming the typed field to use; a
 
 from __future__ import annotations
 
-import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from typing import ClassVar
 
+import pytest
+from dsv_helpers import may_name_an_owned_flag, spec, spec_dict
 from duplex.api.owned_args import OWNED_FLAGS, owned_arg_rules, uses_flag
 from duplex.api.spec import DecodeSpec, ModelSpec, PrefillSpec
 from duplex.children.engine import vllm_args
 from duplex.render import InvalidSpec, parse_spec
-
-from dsv_helpers import may_name_an_owned_flag, spec, spec_dict
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 ALL_FLAGS = [f for flags, _ in OWNED_FLAGS for f in flags]
 LOCATIONS = ["model", "prefill", "decode"]
@@ -39,8 +39,9 @@ NOT_CONFIGURABLE = {"--port": "port 8000", "--host": "every pod address"}
 def test_the_owned_flags_are_the_ones_duplex_renders() -> None:
     assert set(ALL_FLAGS) == set(EXPECTED_FIELD) | set(NOT_CONFIGURABLE)
     # Every flag duplex itself puts on the command line is owned (the model is positional).
-    rendered = vllm_args(spec({"model": {"maxModelLen": 1024}, "prefill": {"maxNumSeqs": 2,
-                                                                             "maxNumBatchedTokens": 4}}), "prefill")
+    rendered = vllm_args(
+        spec({"model": {"maxModelLen": 1024}, "prefill": {"maxNumSeqs": 2, "maxNumBatchedTokens": 4}}), "prefill"
+    )
     assert {a for a in rendered if a.startswith("-")} <= set(ALL_FLAGS)
 
 
@@ -77,12 +78,29 @@ def test_a_list_of_every_owned_flag_is_rejected_at_extra_args(location: str) -> 
     assert errors and all(e.startswith(f"spec.{location}.extraArgs: ") and "is set by duplex" in e for e in errors)
 
 
-@pytest.mark.parametrize("arg", [
-    "--portable", "--port-offset=1", "--hostname", "--model-impl", "--model-loader-extra-config={}",
-    "--dtype-check", "--block-size-x", "--max-model-length", "--served-model-names",
-    "--kv-transfer-configs", "--max-num-seqs-per-step", "--enable-prefix-caching-hash", "port", "8000",
-    "--tokenizer=--port", "--enforce-eager", "--swap-space=8", "",
-])
+@pytest.mark.parametrize(
+    "arg",
+    [
+        "--portable",
+        "--port-offset=1",
+        "--hostname",
+        "--model-impl",
+        "--model-loader-extra-config={}",
+        "--dtype-check",
+        "--block-size-x",
+        "--max-model-length",
+        "--served-model-names",
+        "--kv-transfer-configs",
+        "--max-num-seqs-per-step",
+        "--enable-prefix-caching-hash",
+        "port",
+        "8000",
+        "--tokenizer=--port",
+        "--enforce-eager",
+        "--swap-space=8",
+        "",
+    ],
+)
 @pytest.mark.parametrize("location", LOCATIONS)
 def test_look_alike_arguments_pass(arg: str, location: str) -> None:
     assert not may_name_an_owned_flag(arg)  # not a spelling vLLM would read as an owned flag
@@ -104,7 +122,7 @@ def test_one_rule_per_owned_flag_group_reported_at_extra_args(role: str | None) 
     rules = owned_arg_rules(role)
     assert len(rules) == len(OWNED_FLAGS)
     assert all(r.field_path == ".extraArgs" for r in rules)
-    for rule, (flags, _) in zip(rules, OWNED_FLAGS):
+    for rule, (flags, _) in zip(rules, OWNED_FLAGS, strict=False):
         assert rule.cel.startswith("!has(self.extraArgs) || !self.extraArgs.map(a, ")
         assert "a.split('=')[0].split('.')[0].replace('_', '-')" in rule.cel  # the same key normalisation
         for f in flags:
@@ -114,9 +132,9 @@ def test_one_rule_per_owned_flag_group_reported_at_extra_args(role: str | None) 
 @pytest.mark.parametrize("role", [None, "prefill", "decode"])
 def test_rule_predicates_match_flags(role: str | None) -> None:
     class Holder:
-        extra_args: list[str] = []
+        extra_args: ClassVar[list[str]] = []
 
-    for rule, (flags, _) in zip(owned_arg_rules(role), OWNED_FLAGS):
+    for rule, (flags, _) in zip(owned_arg_rules(role), OWNED_FLAGS, strict=False):
         empty = Holder()
         assert rule.holds(empty)
         for f in flags:
@@ -146,9 +164,11 @@ def test_uses_flag() -> None:
 _free_arg = st.text(alphabet=st.characters(codec="ascii", categories=("L", "N", "P", "S")), max_size=40).filter(
     lambda a: not may_name_an_owned_flag(a)
 )
-_flag_like = st.builds(lambda name, value: f"--{name}" + (f"={value}" if value else ""),
-                       st.from_regex(r"[a-z][a-z0-9-]{0,30}", fullmatch=True),
-                       st.one_of(st.just(""), st.from_regex(r"[A-Za-z0-9.{}:,]{1,12}", fullmatch=True)))
+_flag_like = st.builds(
+    lambda name, value: f"--{name}" + (f"={value}" if value else ""),
+    st.from_regex(r"[a-z][a-z0-9-]{0,30}", fullmatch=True),
+    st.one_of(st.just(""), st.from_regex(r"[A-Za-z0-9.{}:,]{1,12}", fullmatch=True)),
+)
 _free_args = st.lists(st.one_of(_free_arg, _flag_like), max_size=12).filter(
     lambda args: not any(may_name_an_owned_flag(a) for a in args)
 )
@@ -159,21 +179,33 @@ _free_args = st.lists(st.one_of(_free_arg, _flag_like), max_size=12).filter(
 def test_random_extra_args_without_owned_flags_are_accepted_and_appended(
     model_args: list[str], prefill_args: list[str], decode_args: list[str]
 ) -> None:
-    parsed = parse_spec(spec_dict({"model": {"extraArgs": model_args}, "prefill": {"extraArgs": prefill_args},
-                                   "decode": {"extraArgs": decode_args}}))
+    parsed = parse_spec(
+        spec_dict(
+            {
+                "model": {"extraArgs": model_args},
+                "prefill": {"extraArgs": prefill_args},
+                "decode": {"extraArgs": decode_args},
+            }
+        )
+    )
     for role, role_args in (("prefill", prefill_args), ("decode", decode_args)):
         args = vllm_args(parsed, role)
         tail = model_args + role_args
-        assert args[len(args) - len(tail):] == tail
+        assert args[len(args) - len(tail) :] == tail
         # duplex's own flags come first and exactly once, so the typed fields are what vLLM sees
         head = args[: len(args) - len(tail)]
         assert head.count("--tensor-parallel-size") == 1 and head.count("--kv-transfer-config") == 1
 
 
 @settings(max_examples=40, deadline=None)
-@given(flag=st.sampled_from(ALL_FLAGS), location=st.sampled_from(LOCATIONS),
-       before=st.lists(_flag_like, max_size=4), after=st.lists(_flag_like, max_size=4),
-       equals=st.booleans(), value=st.from_regex(r"[a-z0-9]{0,8}", fullmatch=True))
+@given(
+    flag=st.sampled_from(ALL_FLAGS),
+    location=st.sampled_from(LOCATIONS),
+    before=st.lists(_flag_like, max_size=4),
+    after=st.lists(_flag_like, max_size=4),
+    equals=st.booleans(),
+    value=st.from_regex(r"[a-z0-9]{0,8}", fullmatch=True),
+)
 def test_an_owned_flag_anywhere_in_the_list_is_rejected(
     flag: str, location: str, before: list[str], after: list[str], equals: bool, value: str
 ) -> None:

@@ -15,10 +15,8 @@ B. An env entry with both value and valueFrom (spec.model.env / spec.<role>.env)
 """
 
 import pytest
-
-from duplex.render import InvalidSpec, parse_spec
-
 from dsv_helpers import spec_dict
+from duplex.render import InvalidSpec, parse_spec
 
 
 def test_explicit_null_header_behaves_as_on_the_api_server():

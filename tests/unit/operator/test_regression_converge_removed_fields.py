@@ -14,18 +14,21 @@ desired object then drops the fields the operator's field manager no longer send
 """
 
 import pytest
-
+from dsv_helpers import children
 from duplex.converge import adopt, plan
 
-from dsv_helpers import children
-
-PARENT = {"apiVersion": "duplex.dev/v1alpha1", "kind": "DisaggregatedServing",
-          "metadata": {"name": "demo", "namespace": "ns1", "uid": "uid-1"}}
+PARENT = {
+    "apiVersion": "duplex.dev/v1alpha1",
+    "kind": "DisaggregatedServing",
+    "metadata": {"name": "demo", "namespace": "ns1", "uid": "uid-1"},
+}
 
 REMOVALS = {
     "router.nodeSelector": ({"router": {"nodeSelector": {"pool": "cpu"}}}, ("Deployment", "demo-router")),
-    "router.tolerations": ({"router": {"tolerations": [{"key": "k", "operator": "Exists"}]}},
-                           ("Deployment", "demo-router")),
+    "router.tolerations": (
+        {"router": {"tolerations": [{"key": "k", "operator": "Exists"}]}},
+        ("Deployment", "demo-router"),
+    ),
     "router.service.annotations": ({"router": {"service": {"annotations": {"a": "b"}}}}, ("Service", "demo-router")),
 }
 

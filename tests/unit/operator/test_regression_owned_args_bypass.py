@@ -11,10 +11,8 @@ duplex's uses_flag() only matches `flag` and `flag=`, so all of these pass valid
 """
 
 import pytest
-
-from duplex.render import InvalidSpec, parse_spec
-
 from dsv_helpers import spec_dict
+from duplex.render import InvalidSpec, parse_spec
 
 BYPASSES = [
     ["--tensor_parallel_size=4"],
@@ -25,8 +23,8 @@ BYPASSES = [
     ["--max_model_len", "100"],
     ["--gpu_memory_utilization=0.5"],
     ["--served_model_name", "other"],
-    ["--tensor-parallel=4"],        # argparse prefix abbreviation
-    ["--kv-transfer", "{}"],        # argparse prefix abbreviation
+    ["--tensor-parallel=4"],  # argparse prefix abbreviation
+    ["--kv-transfer", "{}"],  # argparse prefix abbreviation
 ]
 
 

@@ -14,31 +14,35 @@ validate_by_name=False / strict=True in Checked.model_config if no code construc
 """
 
 import pytest
-
+from dsv_helpers import spec_dict
 from duplex.render import InvalidSpec, parse_spec
 
-from dsv_helpers import spec_dict
 
-
-@pytest.mark.parametrize("patch,path", [
-    ({"prefill": {"tensor_parallel_size": 4}}, "spec.prefill.tensor_parallel_size"),
-    ({"kv_transfer": {"decode_blocks_ttl": 900}}, "spec.kv_transfer"),
-    ({"model": {"extra_args": ["--enforce-eager"]}}, "spec.model.extra_args"),
-    ({"router": {"conversation": {"body_field": "x"}}}, "spec.router.conversation.body_field"),
-])
+@pytest.mark.parametrize(
+    "patch,path",
+    [
+        ({"prefill": {"tensor_parallel_size": 4}}, "spec.prefill.tensor_parallel_size"),
+        ({"kv_transfer": {"decode_blocks_ttl": 900}}, "spec.kv_transfer"),
+        ({"model": {"extra_args": ["--enforce-eager"]}}, "spec.model.extra_args"),
+        ({"router": {"conversation": {"body_field": "x"}}}, "spec.router.conversation.body_field"),
+    ],
+)
 def test_snake_case_field_names_are_unknown_fields(patch, path):
     with pytest.raises(InvalidSpec) as info:
         parse_spec(spec_dict(patch))
     assert any(e.startswith(path) for e in info.value.errors), info.value.errors
 
 
-@pytest.mark.parametrize("patch", [
-    {"prefill": {"replicas": "2"}},
-    {"kvTransfer": {"decodeBlocksTTL": "600"}},
-    {"kvTransfer": {"bidirectional": "true"}},
-    {"prefill": {"enablePrefixCaching": "false"}},
-    {"router": {"service": {"port": "80"}}},
-])
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {"prefill": {"replicas": "2"}},
+        {"kvTransfer": {"decodeBlocksTTL": "600"}},
+        {"kvTransfer": {"bidirectional": "true"}},
+        {"prefill": {"enablePrefixCaching": "false"}},
+        {"router": {"service": {"port": "80"}}},
+    ],
+)
 def test_strings_are_not_coerced_where_the_crd_wants_numbers_or_booleans(patch):
     with pytest.raises(InvalidSpec):
         parse_spec(spec_dict(patch))

@@ -9,10 +9,8 @@ Fix: reject it in the API, e.g. on KVTransferSpec a Rule
 """
 
 import pytest
-
-from duplex.render import InvalidSpec, parse_spec
-
 from dsv_helpers import children, spec_dict
+from duplex.render import InvalidSpec, parse_spec
 
 
 def test_side_channel_port_equal_to_http_port_is_refused():

@@ -11,16 +11,23 @@ availableReplicas (or readyReplicas) >= desired, with observedGeneration current
 status.replicas and in _role_condition / `rolling` require `total == updated` in addition to the current checks.
 """
 
-from duplex import status
-
 from dsv_helpers import serving
+from duplex import status
 
 
 def dep(replicas, ready, updated, total, generation=2):
-    return {"metadata": {"generation": generation}, "spec": {"replicas": replicas},
-            "status": {"observedGeneration": generation, "replicas": total, "readyReplicas": ready,
-                       "updatedReplicas": updated, "availableReplicas": ready,
-                       "unavailableReplicas": total - ready}}
+    return {
+        "metadata": {"generation": generation},
+        "spec": {"replicas": replicas},
+        "status": {
+            "observedGeneration": generation,
+            "replicas": total,
+            "readyReplicas": ready,
+            "updatedReplicas": updated,
+            "availableReplicas": ready,
+            "unavailableReplicas": total - ready,
+        },
+    }
 
 
 def test_surge_roll_with_new_pod_not_ready_is_progressing_and_not_ready():

@@ -12,15 +12,23 @@ from typing import Any
 
 import pytest
 import yaml
-
+from dsv_helpers import REPO, SEED, TRAINIUM, arg_value, container, doc, env_map, find, load, spec_dict
 from duplex import render_cli
 from duplex.render import desired_children, parse
 from duplex.yamlio import dump_all
 
-from dsv_helpers import SEED, TRAINIUM, REPO, arg_value, container, doc, env_map, find, load, spec_dict
-
-KINDS = ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Service", "Service", "Deployment",
-         "Deployment", "Deployment"]
+KINDS = [
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "ConfigMap",
+    "Service",
+    "Service",
+    "Service",
+    "Deployment",
+    "Deployment",
+    "Deployment",
+]
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -46,8 +54,9 @@ def write(tmp_path: Path, docs: list[Any], name: str = "in.yaml") -> Path:
 
 
 def _duplex(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "duplex.cli", *args], input=stdin, capture_output=True, text=True,
-                          cwd=REPO, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "duplex.cli", *args], input=stdin, capture_output=True, text=True, cwd=REPO, timeout=60
+    )
 
 
 def test_duplex_render_seed_exits_zero_and_is_deterministic_across_processes() -> None:
@@ -64,22 +73,29 @@ def test_duplex_render_invalid_exits_nonzero_with_the_rule_message_on_stderr(tmp
     result = _duplex("render", "-f", str(write(tmp_path, [bad])))
     assert result.returncode != 0
     assert result.stdout == ""
-    assert ('DisaggregatedServing "qwen3-32b" is invalid: spec: router.conversation.ttl must be strictly below '
-            "kvTransfer.decodeBlocksTTL") in result.stderr
+    assert (
+        'DisaggregatedServing "qwen3-32b" is invalid: spec: router.conversation.ttl must be strictly below '
+        "kvTransfer.decodeBlocksTTL"
+    ) in result.stderr
 
 
 # --- the examples -----------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("example", [SEED, TRAINIUM], ids=["seed", "trainium"])
-def test_example_renders_the_expected_objects_in_apply_order(example: Path, capsys: pytest.CaptureFixture[str]
-                                                            ) -> None:
+def test_example_renders_the_expected_objects_in_apply_order(example: Path, capsys: pytest.CaptureFixture[str]) -> None:
     objs = render_file(example, capsys)
     name = load(example)["metadata"]["name"]
     assert [(o["kind"], o["metadata"]["name"]) for o in objs] == [
-        ("ServiceAccount", f"{name}-router"), ("Role", f"{name}-router"), ("RoleBinding", f"{name}-router"),
-        ("ConfigMap", f"{name}-router"), ("Service", f"{name}-prefill"), ("Service", f"{name}-decode"),
-        ("Service", f"{name}-router"), ("Deployment", f"{name}-prefill"), ("Deployment", f"{name}-decode"),
+        ("ServiceAccount", f"{name}-router"),
+        ("Role", f"{name}-router"),
+        ("RoleBinding", f"{name}-router"),
+        ("ConfigMap", f"{name}-router"),
+        ("Service", f"{name}-prefill"),
+        ("Service", f"{name}-decode"),
+        ("Service", f"{name}-router"),
+        ("Deployment", f"{name}-prefill"),
+        ("Deployment", f"{name}-decode"),
         ("Deployment", f"{name}-router"),
     ]
     assert all(o["metadata"]["namespace"] == "default" for o in objs)
@@ -133,8 +149,9 @@ def test_trainium_engines(capsys: pytest.CaptureFixture[str]) -> None:
         limits = ctr["resources"]["limits"]
         assert limits["aws.amazon.com/neuron"] == "16" and "nvidia.com/gpu" not in limits
         assert limits["vpc.amazonaws.com/efa"] == "16"
-        assert {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"} in \
-            d["spec"]["template"]["spec"]["tolerations"]
+        assert {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"} in d["spec"]["template"][
+            "spec"
+        ]["tolerations"]
         kv = json.loads(arg_value(ctr["args"], "--kv-transfer-config"))
         assert kv["kv_buffer_device"] == "cpu"
         assert kv["kv_connector_extra_config"]["backends"] == ["LIBFABRIC"]
@@ -145,7 +162,8 @@ def test_trainium_engines(capsys: pytest.CaptureFixture[str]) -> None:
     router = find(objs, "Deployment", "llama-70b-trn2-router")
     assert router["spec"]["replicas"] == 2
     assert env_map(container(router))["DUPLEX_REDIS_URL"]["valueFrom"] == {
-        "secretKeyRef": {"name": "duplex-redis", "key": "url"}}
+        "secretKeyRef": {"name": "duplex-redis", "key": "url"}
+    }
     router_json = json.loads(find(objs, "ConfigMap", "llama-70b-trn2-router")["data"]["router.json"])
     assert router_json["store"]["kind"] == "redis" and router_json["store"]["redis_url_env"] == "DUPLEX_REDIS_URL"
     assert router_json["conversation"]["ttl_seconds"] == 570.0
@@ -162,12 +180,15 @@ def test_namespace_option_and_document_namespace(tmp_path: Path, capsys: pytest.
 
 
 def test_several_servings_in_one_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = write(tmp_path, [load(SEED), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}},
-                            load(TRAINIUM), None])
+    path = write(
+        tmp_path,
+        [load(SEED), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}, load(TRAINIUM), None],
+    )
     objs = render_file(path, capsys)
     assert len(objs) == 20
-    assert [o["metadata"]["name"] for o in objs[:10]] == [o["metadata"]["name"] for o in
-                                                         desired_children(parse(load(SEED)))]
+    assert [o["metadata"]["name"] for o in objs[:10]] == [
+        o["metadata"]["name"] for o in desired_children(parse(load(SEED)))
+    ]
     assert objs[10]["metadata"]["name"] == "llama-70b-trn2-router"
     assert not any(o["kind"] == "Namespace" for o in objs)
 
@@ -177,23 +198,31 @@ def test_one_invalid_document_fails_the_whole_render(tmp_path: Path, capsys: pyt
     path = write(tmp_path, [load(SEED), bad])
     code, out, err = run(["-f", str(path)], capsys)
     assert code == 1 and out == ""
-    assert err == ('DisaggregatedServing "broken" is invalid: spec: decode.tensorParallelSize must be >= '
-                   "prefill.tensorParallelSize (NixlConnector limitation); set kvTransfer.allowDecodeTPBelowPrefill "
-                   "to override\n")
+    assert err == (
+        'DisaggregatedServing "broken" is invalid: spec: decode.tensorParallelSize must be >= '
+        "prefill.tensorParallelSize (NixlConnector limitation); set kvTransfer.allowDecodeTPBelowPrefill "
+        "to override\n"
+    )
 
 
 def test_every_error_of_every_document_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    docs = [doc(spec_dict({"prefill": {"replicas": -1}, "decode": {"bogus": 1}}), name="one"),
-            doc(spec_dict({"model": {"extraArgs": ["--port=9000"]}}), name="Two")]
+    docs = [
+        doc(spec_dict({"prefill": {"replicas": -1}, "decode": {"bogus": 1}}), name="one"),
+        doc(spec_dict({"model": {"extraArgs": ["--port=9000"]}}), name="Two"),
+    ]
     code, out, err = run(["-f", str(write(tmp_path, docs))], capsys)
     assert code == 1 and out == ""
     lines = err.splitlines()
     assert any(line.startswith('DisaggregatedServing "one" is invalid: spec.prefill.replicas: ') for line in lines)
     assert 'DisaggregatedServing "one" is invalid: spec.decode.bogus: unknown field "bogus"' in lines
-    assert any(line.startswith('DisaggregatedServing "Two" is invalid: metadata.name must be a DNS-1035 label')
-               for line in lines)
-    assert any(line.startswith('DisaggregatedServing "Two" is invalid: spec.model.extraArgs: --port is set by duplex')
-               for line in lines)
+    assert any(
+        line.startswith('DisaggregatedServing "Two" is invalid: metadata.name must be a DNS-1035 label')
+        for line in lines
+    )
+    assert any(
+        line.startswith('DisaggregatedServing "Two" is invalid: spec.model.extraArgs: --port is set by duplex')
+        for line in lines
+    )
 
 
 def test_file_without_a_serving(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

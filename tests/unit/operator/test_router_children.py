@@ -7,14 +7,19 @@ import json
 from typing import Any
 
 import pytest
-
+from dsv_helpers import container, env_map, spec
 from duplex.children.kv_config import kv_transfer_config
 from duplex.children.labels import ROLE_LABEL, SERVING_LABEL
-from duplex.children.router import (CONFIG_DIR, CONFIG_KEY, REDIS_URL_ENV, router_config, router_configmap,
-                                    router_deployment, router_rbac)
+from duplex.children.router import (
+    CONFIG_DIR,
+    CONFIG_KEY,
+    REDIS_URL_ENV,
+    router_config,
+    router_configmap,
+    router_deployment,
+    router_rbac,
+)
 from duplex_sidecars.router.config import RouterConfig
-
-from dsv_helpers import container, env_map, spec
 
 REDIS_URL = {"router": {"store": {"type": "redis", "redis": {"url": "redis://redis.cache:6379/2"}}}}
 REDIS_SECRET = {"router": {"store": {"type": "redis", "redis": {"urlSecret": {"name": "redis-auth", "key": "url"}}}}}
@@ -64,9 +69,12 @@ def test_router_json_conversation_defaults() -> None:
 
 
 def test_router_json_carries_the_spec_ttls_and_identity() -> None:
-    conv = parsed_config({"kvTransfer": {"decodeBlocksTTL": 900},
-                          "router": {"conversation": {"ttl": 600, "header": "", "bodyField": "session",
-                                                      "tenantHeader": "X-Tenant"}}}).conversation
+    conv = parsed_config(
+        {
+            "kvTransfer": {"decodeBlocksTTL": 900},
+            "router": {"conversation": {"ttl": 600, "header": "", "bodyField": "session", "tenantHeader": "X-Tenant"}},
+        }
+    ).conversation
     assert conv.ttl_seconds == 600.0 and conv.engine_blocks_ttl_seconds == 900.0
     assert conv.body_field == "session" and conv.header is None and conv.tenant_header == "X-Tenant"
 
@@ -92,8 +100,10 @@ def test_router_json_redis_url_from_secret_never_holds_the_url() -> None:
     store = RouterConfig.model_validate_json(cm["data"][CONFIG_KEY]).store
     assert store.kind == "redis" and store.redis_url is None and store.redis_url_env == REDIS_URL_ENV
     env = env_map(container(router_deployment(spec(REDIS_SECRET), "demo", "ns1")))
-    assert env[REDIS_URL_ENV] == {"name": REDIS_URL_ENV,
-                                  "valueFrom": {"secretKeyRef": {"name": "redis-auth", "key": "url"}}}
+    assert env[REDIS_URL_ENV] == {
+        "name": REDIS_URL_ENV,
+        "valueFrom": {"secretKeyRef": {"name": "redis-auth", "key": "url"}},
+    }
 
 
 def test_no_redis_env_without_a_secret() -> None:
@@ -116,9 +126,16 @@ def test_kv_transfer_files_show_what_each_role_runs() -> None:
 
 def test_engine_only_change_does_not_touch_router_json() -> None:
     before = router_configmap(spec(), "demo", "ns1")["data"][CONFIG_KEY]
-    after = router_configmap(spec({"prefill": {"replicas": 5, "tensorParallelSize": 1},
-                                   "model": {"image": "x/y:z", "extraArgs": ["--enforce-eager"]}}),
-                             "demo", "ns1")["data"][CONFIG_KEY]
+    after = router_configmap(
+        spec(
+            {
+                "prefill": {"replicas": 5, "tensorParallelSize": 1},
+                "model": {"image": "x/y:z", "extraArgs": ["--enforce-eager"]},
+            }
+        ),
+        "demo",
+        "ns1",
+    )["data"][CONFIG_KEY]
     assert before == after
 
 
@@ -126,8 +143,9 @@ def test_engine_only_change_does_not_touch_router_json() -> None:
 
 
 def test_router_deployment_shape() -> None:
-    d = router_deployment(spec({"router": {"image": "ghcr.io/x/duplex:1", "cpu": "2", "memory": "3Gi"}}),
-                          "qwen", "inference")
+    d = router_deployment(
+        spec({"router": {"image": "ghcr.io/x/duplex:1", "cpu": "2", "memory": "3Gi"}}), "qwen", "inference"
+    )
     assert (d["apiVersion"], d["kind"]) == ("apps/v1", "Deployment")
     assert d["metadata"]["name"] == "qwen-router" and d["metadata"]["namespace"] == "inference"
     assert d["spec"]["replicas"] == 1
@@ -165,10 +183,20 @@ def test_router_security_context_is_locked_down() -> None:
 
 
 def test_router_replicas_and_placement() -> None:
-    d = router_deployment(spec({"router": {"replicas": 3, "nodeSelector": {"pool": "cpu"},
-                                           "tolerations": [{"key": "k", "operator": "Exists"}],
-                                           "store": {"type": "redis", "redis": {"url": "redis://r"}}}}),
-                          "demo", "ns1")
+    d = router_deployment(
+        spec(
+            {
+                "router": {
+                    "replicas": 3,
+                    "nodeSelector": {"pool": "cpu"},
+                    "tolerations": [{"key": "k", "operator": "Exists"}],
+                    "store": {"type": "redis", "redis": {"url": "redis://r"}},
+                }
+            }
+        ),
+        "demo",
+        "ns1",
+    )
     assert d["spec"]["replicas"] == 3
     ps = d["spec"]["template"]["spec"]
     assert ps["nodeSelector"] == {"pool": "cpu"} and ps["tolerations"] == [{"key": "k", "operator": "Exists"}]
@@ -215,9 +243,16 @@ def test_rbac_metadata_objects_are_independent() -> None:
     assert role["metadata"]["name"] == binding["metadata"]["name"] == "qwen-router"
 
 
-@pytest.mark.parametrize("patch", [None, REDIS_URL, REDIS_SECRET,
-                                   {"router": {"conversation": {"bodyField": None}}},
-                                   {"kvTransfer": {"decodeBlocksTTL": 60}}])
+@pytest.mark.parametrize(
+    "patch",
+    [
+        None,
+        REDIS_URL,
+        REDIS_SECRET,
+        {"router": {"conversation": {"bodyField": None}}},
+        {"kvTransfer": {"decodeBlocksTTL": 60}},
+    ],
+)
 def test_router_config_always_valid_for_the_router(patch: dict[str, Any] | None) -> None:
     cfg = parsed_config(patch)
     assert cfg.conversation.ttl_seconds < cfg.conversation.engine_blocks_ttl_seconds
@@ -225,8 +260,8 @@ def test_router_config_always_valid_for_the_router(patch: dict[str, Any] | None)
 
 @pytest.mark.parametrize("memory,store_bytes", [("3Gi", int(3 * 2**30 * 0.6)), ("256Mi", int(256 * 2**20 * 0.6))])
 def test_router_store_is_bounded_by_the_router_memory(memory: str, store_bytes: int) -> None:
-    from duplex.render import parse_spec
     from duplex.children.router import router_config
+    from duplex.render import parse_spec
 
     spec_ = parse_spec({"model": {"name": "m"}, "router": {"memory": memory}})
     assert router_config(spec_, "s", "ns").store.max_bytes == store_bytes

@@ -4,11 +4,9 @@ selects exactly the pods of its Deployment and targets ports those pods name."""
 from __future__ import annotations
 
 import pytest
-
+from dsv_helpers import children, container, find, spec
 from duplex.children.labels import ROLE_LABEL, SERVING_LABEL
 from duplex.children.services import engine_service, router_endpoint, router_service
-
-from dsv_helpers import children, container, find, spec
 
 ROLES = ("prefill", "decode")
 
@@ -42,8 +40,9 @@ def test_router_service_defaults() -> None:
 
 def test_router_service_type_port_annotations() -> None:
     annotations = {"service.beta.kubernetes.io/aws-load-balancer-type": "external"}
-    svc = router_service(spec({"router": {"service": {"type": "LoadBalancer", "port": 80,
-                                                      "annotations": annotations}}}), "qwen", "ns1")
+    svc = router_service(
+        spec({"router": {"service": {"type": "LoadBalancer", "port": 80, "annotations": annotations}}}), "qwen", "ns1"
+    )
     assert svc["spec"]["type"] == "LoadBalancer"
     assert svc["spec"]["ports"][0]["port"] == 80 and svc["spec"]["ports"][0]["targetPort"] == "http"
     assert svc["metadata"]["annotations"] == annotations
@@ -59,8 +58,11 @@ def test_each_service_selects_exactly_its_deployments_pods(workload: str) -> Non
     objs = children(name="qwen")
     svc = find(objs, "Service", f"qwen-{workload}")
     deployments = [o for o in objs if o["kind"] == "Deployment"]
-    selected = [d["metadata"]["name"] for d in deployments
-                if svc["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+    selected = [
+        d["metadata"]["name"]
+        for d in deployments
+        if svc["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+    ]
     assert selected == [f"qwen-{workload}"]
     port_names = {p["name"] for p in container(find(objs, "Deployment", f"qwen-{workload}"))["ports"]}
     assert {p["targetPort"] for p in svc["spec"]["ports"]} <= port_names

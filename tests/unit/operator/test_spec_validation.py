@@ -7,14 +7,25 @@ import copy
 from typing import Any
 
 import pytest
-
+from dsv_cases import (
+    ALLOW_TP,
+    BOUNDS,
+    DEFAULTS,
+    ENUMS,
+    FULL,
+    FULL_ALT,
+    QUANTITIES,
+    REDIS,
+    drop_none,
+    field_paths,
+    fmt,
+    get_in,
+    model_paths,
+)
+from dsv_helpers import doc, merge, spec, spec_dict
 from duplex.api.naming import MAX_NAME, NAME_RULE
 from duplex.api.spec import DisaggregatedServingSpec
 from duplex.render import InvalidSpec, parse, parse_spec
-
-from dsv_cases import (ALLOW_TP, BOUNDS, DEFAULTS, ENUMS, FULL, FULL_ALT, QUANTITIES, REDIS, drop_none, field_paths,
-                       fmt, get_in, model_paths)
-from dsv_helpers import doc, merge, spec, spec_dict
 
 
 def errors_of(body: dict[str, Any]) -> list[str]:
@@ -88,6 +99,7 @@ def test_full_examples_differ_from_every_default() -> None:
 
 # --- schema bounds ----------------------------------------------------------------------------------------------
 
+
 def at(path: str, value: Any) -> dict[str, Any]:
     out: Any = value
     for key in reversed(path.split(".")):
@@ -107,11 +119,22 @@ def test_numeric_bounds(path: str, low: Any, lowest: Any, highest: Any, high: An
         assert_rejected(spec_dict(merge(extra, at(path, bad))), f"spec.{path}")
 
 
-@pytest.mark.parametrize("path", ["prefill.tensorParallelSize", "decode.tensorParallelSize",
-                                  "prefill.accelerator.count", "router.service.port",
-                                  "kvTransfer.sideChannelPort", "kvTransfer.decodeBlocksTTL",
-                                  "kvTransfer.leaseDuration", "router.conversation.ttl",
-                                  "network.efa.devicesPerPod", "router.maxBodyBytes", "router.store.maxEntries"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "prefill.tensorParallelSize",
+        "decode.tensorParallelSize",
+        "prefill.accelerator.count",
+        "router.service.port",
+        "kvTransfer.sideChannelPort",
+        "kvTransfer.decodeBlocksTTL",
+        "kvTransfer.leaseDuration",
+        "router.conversation.ttl",
+        "network.efa.devicesPerPod",
+        "router.maxBodyBytes",
+        "router.store.maxEntries",
+    ],
+)
 def test_zero_and_negative_rejected_where_a_positive_value_is_needed(path: str) -> None:
     for bad in (0, -1):
         assert_rejected(spec_dict(merge(ALLOW_TP, at(path, bad))), f"spec.{path}")
@@ -122,8 +145,6 @@ def test_enumerations(path: str, bad: Any, good: list[Any]) -> None:
     for value in good:
         assert value_at(spec(at(path, value)), path) == value
     assert_rejected(spec_dict(at(path, bad)), f"spec.{path}")
-
-
 
 
 @pytest.mark.parametrize("path", QUANTITIES)
@@ -139,21 +160,24 @@ def test_quantity_given_as_a_yaml_number_is_rejected() -> None:
     assert_rejected(spec_dict({"prefill": {"cpu": 96}}), "spec.prefill.cpu")
 
 
-@pytest.mark.parametrize("path,bad", [
-    ("model.name", ""),
-    ("model.name", "x" * 1025),
-    ("model.servedModelName", ""),
-    ("model.image", ""),
-    ("router.image", ""),
-    ("model.hfTokenSecret.name", ""),
-    ("model.cache.hostPath.path", "relative/dir"),
-    ("model.cache.mountPath", "models"),
-    ("router.store.redis.url", "http://redis:6379"),
-    ("router.conversation.tenantHeader", ""),
-    ("prefill.priorityClassName", "p" * 254),
-    ("prefill.nodeSelector.pool", "v" * 64),
-    ("network.efa.libraryPath", "/" * 4097),
-])
+@pytest.mark.parametrize(
+    "path,bad",
+    [
+        ("model.name", ""),
+        ("model.name", "x" * 1025),
+        ("model.servedModelName", ""),
+        ("model.image", ""),
+        ("router.image", ""),
+        ("model.hfTokenSecret.name", ""),
+        ("model.cache.hostPath.path", "relative/dir"),
+        ("model.cache.mountPath", "models"),
+        ("router.store.redis.url", "http://redis:6379"),
+        ("router.conversation.tenantHeader", ""),
+        ("prefill.priorityClassName", "p" * 254),
+        ("prefill.nodeSelector.pool", "v" * 64),
+        ("network.efa.libraryPath", "/" * 4097),
+    ],
+)
 def test_string_constraints(path: str, bad: str) -> None:
     base = {}
     if path.startswith("model.cache.hostPath"):
@@ -171,8 +195,9 @@ def test_string_constraints(path: str, bad: str) -> None:
 def test_required_fields() -> None:
     assert_rejected({}, "spec.model", "Field required")
     assert_rejected({"model": {}}, "spec.model.name", "Field required")
-    assert_rejected(spec_dict({"model": {"hfTokenSecret": {"name": "n"}}}), "spec.model.hfTokenSecret.key",
-                    "Field required")
+    assert_rejected(
+        spec_dict({"model": {"hfTokenSecret": {"name": "n"}}}), "spec.model.hfTokenSecret.key", "Field required"
+    )
     assert_rejected(spec_dict({"model": {"cache": {"pvc": {}}}}), "spec.model.cache.pvc.claimName", "Field required")
     assert_rejected(spec_dict({"model": {"env": [{"value": "x"}]}}), "spec.model.env[0].name", "Field required")
 
@@ -192,8 +217,9 @@ def test_list_length_limits() -> None:
     assert_rejected(spec_dict({"model": {"extraArgs": ["x" * 1025]}}), "spec.model.extraArgs[0]")
     assert_rejected(spec_dict({"prefill": {"env": [{"name": f"E{i}"} for i in range(129)]}}), "spec.prefill.env")
     assert_rejected(spec_dict({"decode": {"tolerations": [{}] * 33}}), "spec.decode.tolerations")
-    assert_rejected(spec_dict({"decode": {"topologySpreadConstraints": [{}] * 17}}),
-                    "spec.decode.topologySpreadConstraints")
+    assert_rejected(
+        spec_dict({"decode": {"topologySpreadConstraints": [{}] * 17}}), "spec.decode.topologySpreadConstraints"
+    )
     assert len(spec({"model": {"extraArgs": ["--x"] * 64}}).model.extra_args) == 64
 
 
@@ -231,8 +257,12 @@ def test_unknown_field_rejected_at_every_level(path: tuple[Any, ...]) -> None:
 
 
 def test_pass_through_kubernetes_objects_keep_unknown_fields() -> None:
-    parsed = spec({"prefill": {"affinity": {"futureField": {"x": 1}}, "tolerations": [{"anything": True}]},
-                   "model": {"env": [{"name": "E", "valueFrom": {"newSource": {"k": "v"}}}]}})
+    parsed = spec(
+        {
+            "prefill": {"affinity": {"futureField": {"x": 1}}, "tolerations": [{"anything": True}]},
+            "model": {"env": [{"name": "E", "valueFrom": {"newSource": {"k": "v"}}}]},
+        }
+    )
     assert parsed.prefill.affinity == {"futureField": {"x": 1}}
     assert parsed.prefill.tolerations == [{"anything": True}]
     assert parsed.model.env[0].value_from == {"newSource": {"k": "v"}}
@@ -240,12 +270,17 @@ def test_pass_through_kubernetes_objects_keep_unknown_fields() -> None:
 
 # --- cross-field rules ------------------------------------------------------------------------------------------
 
-TP_MESSAGE = ("decode.tensorParallelSize must be >= prefill.tensorParallelSize (NixlConnector limitation); "
-              "set kvTransfer.allowDecodeTPBelowPrefill to override")
-TTL_MESSAGE = ("router.conversation.ttl must be strictly below kvTransfer.decodeBlocksTTL, "
-               "or the router would replay blocks decode has already freed")
-EFA_MESSAGE = ("network.efa.enabled needs prefill.memory and decode.memory: "
-               "Kubernetes requires a memory request beside hugepages")
+TP_MESSAGE = (
+    "decode.tensorParallelSize must be >= prefill.tensorParallelSize (NixlConnector limitation); "
+    "set kvTransfer.allowDecodeTPBelowPrefill to override"
+)
+TTL_MESSAGE = (
+    "router.conversation.ttl must be strictly below kvTransfer.decodeBlocksTTL, "
+    "or the router would replay blocks decode has already freed"
+)
+EFA_MESSAGE = (
+    "network.efa.enabled needs prefill.memory and decode.memory: Kubernetes requires a memory request beside hugepages"
+)
 
 
 @pytest.mark.parametrize("ttl,blocks_ttl", [(480, 480), (481, 480), (600, 480), (60, 60), (86400, 60)])
@@ -286,13 +321,14 @@ def test_efa_without_role_memory_rejected(memory: dict[str, Any]) -> None:
 
 
 def test_efa_with_both_memories_accepted_and_memory_optional_without_efa() -> None:
-    assert spec({"network": {"efa": {"enabled": True}}, "prefill": {"memory": "1Gi"},
-                 "decode": {"memory": "2Gi"}}).network.efa.enabled
+    assert spec(
+        {"network": {"efa": {"enabled": True}}, "prefill": {"memory": "1Gi"}, "decode": {"memory": "2Gi"}}
+    ).network.efa.enabled
     assert spec({"network": {"efa": {"enabled": False}}}).prefill.memory is None
 
 
 def test_router_replicas_above_one_need_redis() -> None:
-    msg = ("router.replicas above 1 needs router.store.type redis, so that replicas share conversation state")
+    msg = "router.replicas above 1 needs router.store.type redis, so that replicas share conversation state"
     assert errors_of(spec_dict({"router": {"replicas": 2}})) == [f"spec.router: {msg}"]
     assert spec(merge(REDIS, {"router": {"replicas": 2}})).router.replicas == 2
     for replicas in (0, 1):
@@ -311,8 +347,9 @@ def test_redis_needs_exactly_one_of_url_and_url_secret(redis: dict[str, Any]) ->
     assert errors_of(body) == ["spec.router.store.redis: router.store.redis needs exactly one of url or urlSecret"]
 
 
-@pytest.mark.parametrize("redis", [{"url": "redis://r:6379/0"}, {"url": "rediss://user:pw@r:6380"},
-                                   {"urlSecret": {"name": "s", "key": "k"}}])
+@pytest.mark.parametrize(
+    "redis", [{"url": "redis://r:6379/0"}, {"url": "rediss://user:pw@r:6380"}, {"urlSecret": {"name": "s", "key": "k"}}]
+)
 def test_redis_with_one_source_accepted(redis: dict[str, Any]) -> None:
     parsed = spec({"router": {"store": {"type": "redis", "redis": redis}}})
     assert parsed.router.store.redis is not None
@@ -349,8 +386,7 @@ def test_rollout_needs_surge_or_unavailable() -> None:
 
 
 def test_several_independent_errors_are_all_reported() -> None:
-    body = spec_dict({"prefill": {"replicas": -1}, "decode": {"bogus": 1},
-                      "router": {"store": {"type": "redis"}}})
+    body = spec_dict({"prefill": {"replicas": -1}, "decode": {"bogus": 1}, "router": {"store": {"type": "redis"}}})
     errs = errors_of(body)
     assert any(e.startswith("spec.prefill.replicas: ") for e in errs)
     assert 'spec.decode.bogus: unknown field "bogus"' in errs
@@ -364,8 +400,10 @@ def test_null_or_missing_spec_reports_the_missing_model() -> None:
 # --- the object: apiVersion, kind, metadata.name ----------------------------------------------------------------
 
 
-NAME_MESSAGE = (f"metadata.name must be a DNS-1035 label of at most {MAX_NAME} characters "
-                "(children are named <name>-prefill, <name>-decode, <name>-router)")
+NAME_MESSAGE = (
+    f"metadata.name must be a DNS-1035 label of at most {MAX_NAME} characters "
+    "(children are named <name>-prefill, <name>-decode, <name>-router)"
+)
 
 
 @pytest.mark.parametrize("name", ["a", "qwen3-32b", "a" * MAX_NAME, "x-1-y", "z0"])
@@ -374,8 +412,9 @@ def test_valid_names(name: str) -> None:
     assert NAME_RULE.holds(name)
 
 
-@pytest.mark.parametrize("name", ["", "a" * (MAX_NAME + 1), "Qwen", "1model", "-a", "a-", "a_b", "a.b", "a b",
-                                  "modèle"])
+@pytest.mark.parametrize(
+    "name", ["", "a" * (MAX_NAME + 1), "Qwen", "1model", "-a", "a-", "a_b", "a.b", "a b", "modèle"]
+)
 def test_invalid_names(name: str) -> None:
     with pytest.raises(InvalidSpec) as info:
         parse(doc(spec_dict(), name=name))
@@ -399,8 +438,9 @@ def test_missing_metadata_is_an_invalid_name() -> None:
     assert info.value.errors == [NAME_MESSAGE]
 
 
-@pytest.mark.parametrize("api_version,kind", [("duplex.dev/v1", "DisaggregatedServing"),
-                                              ("duplex.dev/v1alpha1", "Deployment"), (None, None)])
+@pytest.mark.parametrize(
+    "api_version,kind", [("duplex.dev/v1", "DisaggregatedServing"), ("duplex.dev/v1alpha1", "Deployment"), (None, None)]
+)
 def test_wrong_api_version_or_kind_rejected(api_version: Any, kind: Any) -> None:
     body = doc(spec_dict())
     body["apiVersion"], body["kind"] = api_version, kind

@@ -7,13 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
+from dsv_helpers import serving
 from duplex import status
 from duplex.api.status import CONDITION_TYPES, DisaggregatedServingStatus
 from duplex.children.engine import engine_config_hash
 from duplex.children.kv_config import effective
-
-from dsv_helpers import serving
 
 WORKLOADS = ("prefill", "decode", "router")
 T0, T1, T2 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z", "2026-01-01T00:02:00Z"
@@ -26,13 +24,23 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return times
 
 
-def dep(replicas: int, ready: int | None = None, updated: int | None = None, generation: int = 1,
-        observed: int | None = None, total: int | None = None) -> dict[str, Any]:
+def dep(
+    replicas: int,
+    ready: int | None = None,
+    updated: int | None = None,
+    generation: int = 1,
+    observed: int | None = None,
+    total: int | None = None,
+) -> dict[str, Any]:
     ready = replicas if ready is None else ready
     updated = replicas if updated is None else updated
-    st = {"observedGeneration": generation if observed is None else observed,
-          "replicas": replicas if total is None else total, "readyReplicas": ready, "updatedReplicas": updated,
-          "availableReplicas": ready}
+    st = {
+        "observedGeneration": generation if observed is None else observed,
+        "replicas": replicas if total is None else total,
+        "readyReplicas": ready,
+        "updatedReplicas": updated,
+        "availableReplicas": ready,
+    }
     return {"metadata": {"generation": generation}, "spec": {"replicas": replicas}, "status": st}
 
 
@@ -59,8 +67,14 @@ def compute(deployments: dict[str, Any], previous: dict[str, Any] | None = None,
 def test_all_ready_and_updated_is_ready() -> None:
     st = compute(all_ready())
     c = conds(st)
-    assert [x["type"] for x in st["conditions"]] == ["Ready", "ConfigValid", "PrefillReady", "DecodeReady",
-                                                     "RouterReady", "Progressing"]
+    assert [x["type"] for x in st["conditions"]] == [
+        "Ready",
+        "ConfigValid",
+        "PrefillReady",
+        "DecodeReady",
+        "RouterReady",
+        "Progressing",
+    ]
     assert set(c) == set(CONDITION_TYPES)
     assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("True", "AllComponentsReady")
     assert all(c[t]["status"] == "True" for t in ("ConfigValid", "PrefillReady", "DecodeReady", "RouterReady"))
@@ -141,8 +155,13 @@ def test_scaled_to_zero_is_not_ready() -> None:
 
 
 def test_per_role_summaries_use_the_spec_replicas() -> None:
-    s = serving({"prefill": {"replicas": 2}, "decode": {"replicas": 3},
-                 "router": {"replicas": 2, "store": {"type": "redis", "redis": {"url": "redis://r"}}}})
+    s = serving(
+        {
+            "prefill": {"replicas": 2},
+            "decode": {"replicas": 3},
+            "router": {"replicas": 2, "store": {"type": "redis", "redis": {"url": "redis://r"}}},
+        }
+    )
     st = compute({"prefill": dep(2, ready=1, updated=2), "decode": dep(3, ready=3), "router": dep(2, ready=0)}, s=s)
     assert st["prefill"] == {"replicas": 2, "readyReplicas": 1, "updatedReplicas": 2, "summary": "1/2"}
     assert st["decode"] == {"replicas": 3, "readyReplicas": 3, "updatedReplicas": 3, "summary": "3/3"}
@@ -215,8 +234,11 @@ def test_progressing_during_a_roll(clock: list[str]) -> None:
     stable = compute({"prefill": dep(2), "decode": dep(1), "router": dep(1)}, s=s)
     assert conds(stable)["Progressing"]["status"] == "False"
     clock[0] = T1
-    rolling = compute({"prefill": dep(2, ready=2, updated=1, generation=2, total=3), "decode": dep(1),
-                       "router": dep(1)}, previous=stable, s=s)
+    rolling = compute(
+        {"prefill": dep(2, ready=2, updated=1, generation=2, total=3), "decode": dep(1), "router": dep(1)},
+        previous=stable,
+        s=s,
+    )
     c = conds(rolling)
     assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("True", "RollingOut")
     assert c["Progressing"]["lastTransitionTime"] == T1
@@ -282,5 +304,8 @@ def test_differs() -> None:
 
 
 def test_deployment_names() -> None:
-    assert status.deployment_names(SERVING) == {"prefill": "qwen-prefill", "decode": "qwen-decode",
-                                                "router": "qwen-router"}
+    assert status.deployment_names(SERVING) == {
+        "prefill": "qwen-prefill",
+        "decode": "qwen-decode",
+        "router": "qwen-router",
+    }

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import pytest
-
 from duplex_sidecars.router.app import Router, RouterServer
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.config_file import deep_merge
@@ -16,8 +16,14 @@ from .fake_engine import FakeEngine
 
 
 class Rig:
-    def __init__(self, router: Router, server: RouterServer, prefill: list[FakeEngine], decode: list[FakeEngine],
-                 session: aiohttp.ClientSession):
+    def __init__(
+        self,
+        router: Router,
+        server: RouterServer,
+        prefill: list[FakeEngine],
+        decode: list[FakeEngine],
+        session: aiohttp.ClientSession,
+    ):
         self.router = router
         self.server = server
         self.prefill = prefill
@@ -40,8 +46,9 @@ class Rig:
         value = self.router.metrics.registry.get_sample_value(name, labels or None)
         return value or 0.0
 
-    async def post(self, path: str, body: Any = None, *, data: bytes | None = None,
-                   headers: dict[str, str] | None = None) -> tuple[int, Any, dict[str, str]]:
+    async def post(
+        self, path: str, body: Any = None, *, data: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, Any, dict[str, str]]:
         kwargs: dict[str, Any] = {"headers": headers or {}}
         if data is not None:
             kwargs["data"] = data
@@ -57,8 +64,14 @@ class Rig:
             except ValueError:
                 return resp.status, raw, dict(resp.headers)
 
-    async def chat(self, messages: list[dict[str, Any]], conv: str | None = "c1", stream: bool = False,
-                   headers: dict[str, str] | None = None, **extra: Any) -> tuple[int, Any, str]:
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        conv: str | None = "c1",
+        stream: bool = False,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> tuple[int, Any, str]:
         body: dict[str, Any] = {"model": "m", "messages": messages, "stream": stream, **extra}
         if conv is not None:
             body["conversation_id"] = conv
@@ -99,9 +112,16 @@ async def make_rig() -> AsyncIterator[RigFactory]:
         decode = [await FakeEngine(f"d{i}").start() for i in range(n_decode)]
         for engine in prefill + decode:
             cleanups.append(engine.close)
-        base = {"prefill": [e.url for e in prefill], "decode": [e.url for e in decode],
-                "timeouts": {"connect_seconds": 2, "prefill_seconds": 5, "decode_first_byte_seconds": 5,
-                             "decode_idle_seconds": 5}}
+        base = {
+            "prefill": [e.url for e in prefill],
+            "decode": [e.url for e in decode],
+            "timeouts": {
+                "connect_seconds": 2,
+                "prefill_seconds": 5,
+                "decode_first_byte_seconds": 5,
+                "decode_idle_seconds": 5,
+            },
+        }
         router = Router(RouterConfig.model_validate(deep_merge(base, config)))
         server = RouterServer(router)
         await server.start()

@@ -104,8 +104,9 @@ class FakeEngine:
         action = self.actions.pop(0) if self.actions else None
         rid = request.headers.get("X-Request-Id", uuid.uuid4().hex)
         if isinstance(action, int):
-            return web.json_response({"error": {"message": f"fake {action}", "type": "Err", "code": action}},
-                                     status=action)
+            return web.json_response(
+                {"error": {"message": f"fake {action}", "type": "Err", "code": action}}, status=action
+            )
         if action == "drop":
             assert request.transport is not None
             request.transport.close()
@@ -116,8 +117,9 @@ class FakeEngine:
         chat = request.path.endswith("chat/completions")
         kv_in = body.get("kv_transfer_params") or {}
         if kv_in.get("do_remote_decode"):  # the prefill leg
-            return web.json_response(self._full(chat, rid, [self.words[0]], "length",
-                                                None if action == "no_params" else self.p_params(rid)))
+            return web.json_response(
+                self._full(chat, rid, [self.words[0]], "length", None if action == "no_params" else self.p_params(rid))
+            )
         params = None if action == "no_params" else self.d_params(rid)
         if not body.get("stream"):
             return web.json_response(self._full(chat, rid, list(self.words), self.finish_reason, params))
@@ -151,7 +153,11 @@ class FakeEngine:
         return resp
 
     def _chunk(self, chat: bool, rid: str, delta: Any, finish: str | None) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "stop_reason": self.stop_reason if finish else None}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "finish_reason": finish,
+            "stop_reason": self.stop_reason if finish else None,
+        }
         choice["delta" if chat else "text"] = delta
         return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "choices": [choice]}
 
@@ -159,12 +165,20 @@ class FakeEngine:
         text = "".join(words)
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "stop_reason": self.stop_reason}
         if chat:
-            choice["message"] = {"role": "assistant", "content": text, "tool_calls": [],
-                                 "reasoning_content": self.reasoning}
+            choice["message"] = {
+                "role": "assistant",
+                "content": text,
+                "tool_calls": [],
+                "reasoning_content": self.reasoning,
+            }
         else:
             choice["text"] = text
-        out: dict[str, Any] = {"id": rid, "object": "chat.completion" if chat else "text_completion",
-                               "choices": [choice], "usage": {"prompt_tokens": 3}}
+        out: dict[str, Any] = {
+            "id": rid,
+            "object": "chat.completion" if chat else "text_completion",
+            "choices": [choice],
+            "usage": {"prompt_tokens": 3},
+        }
         if params is not None:
             out["kv_transfer_params"] = params
         return out

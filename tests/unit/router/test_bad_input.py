@@ -33,8 +33,7 @@ def assert_openai_error(body, status: int) -> None:
         (json.dumps({"model": "m", "messages": [USER], "stream": "yes"}).encode(), 400, "invalid_type"),
         (json.dumps({"model": "m", "messages": [USER], "max_tokens": "10"}).encode(), 400, "invalid_type"),
         (json.dumps({"model": "m", "messages": [USER], "conversation_id": 5}).encode(), 400, "invalid_type"),
-        (json.dumps({"model": "m", "messages": [USER], "conversation_id": "x" * 5000}).encode(), 400,
-         "invalid_value"),
+        (json.dumps({"model": "m", "messages": [USER], "conversation_id": "x" * 5000}).encode(), 400, "invalid_value"),
     ],
 )
 async def test_chat_rejects(make_rig, data, status, code):
@@ -70,10 +69,15 @@ async def test_oversized_bodies_are_413(make_rig):
     assert rig.p.seen == []
 
 
-@pytest.mark.parametrize("method, path, status", [
-    ("GET", "/nope", 404), ("POST", "/v1/embeddings", 404), ("GET", "/v1/chat/completions", 405),
-    ("DELETE", "/health", 405),
-])
+@pytest.mark.parametrize(
+    "method, path, status",
+    [
+        ("GET", "/nope", 404),
+        ("POST", "/v1/embeddings", 404),
+        ("GET", "/v1/chat/completions", 405),
+        ("DELETE", "/health", 405),
+    ],
+)
 async def test_unknown_routes(make_rig, method, path, status):
     rig = await make_rig()
     async with rig.session.request(method, rig.url + path) as resp:
@@ -92,8 +96,13 @@ async def test_no_engines_configured_is_503(make_rig):
 
 async def test_a_flood_of_bad_requests_leaves_nothing_behind(make_rig):
     rig = await make_rig(max_body_bytes=4096)
-    bad = [b"{", b"[]", json.dumps({"model": "m"}).encode(), b"x" * 5000,
-           json.dumps({"model": "m", "messages": [USER], "conversation_id": 1}).encode()]
+    bad = [
+        b"{",
+        b"[]",
+        json.dumps({"model": "m"}).encode(),
+        b"x" * 5000,
+        json.dumps({"model": "m", "messages": [USER], "conversation_id": 1}).encode(),
+    ]
 
     async def one(i: int) -> int:
         async with rig.session.post(rig.url + "/v1/chat/completions", data=bad[i % len(bad)]) as resp:

@@ -8,7 +8,6 @@ import os
 
 import pytest
 import yaml
-
 from duplex_sidecars.router import cli
 from duplex_sidecars.router.app import Router
 from duplex_sidecars.router.config import RouterConfig
@@ -20,22 +19,42 @@ def args(*argv: str):
 
 
 def test_flags_only():
-    cfg = cli.source_from_args(args("--prefill", "http://p1:8000", "--prefill", "p2:8000", "--decode",
-                                    "http://d1:8000", "--port", "9000", "--host", "127.0.0.1",
-                                    "--conversation-ttl", "100")).load()
+    cfg = cli.source_from_args(
+        args(
+            "--prefill",
+            "http://p1:8000",
+            "--prefill",
+            "p2:8000",
+            "--decode",
+            "http://d1:8000",
+            "--port",
+            "9000",
+            "--host",
+            "127.0.0.1",
+            "--conversation-ttl",
+            "100",
+        )
+    ).load()
     assert cfg.prefill == ["http://p1:8000", "p2:8000"] and cfg.decode == ["http://d1:8000"]
     assert (cfg.host, cfg.port, cfg.conversation.ttl_seconds) == ("127.0.0.1", 9000, 100)
 
 
 def test_flags_override_the_file(tmp_path):
     path = tmp_path / "router.yaml"
-    path.write_text(yaml.safe_dump({
-        "port": 7000, "prefill": ["http://file-p"], "decode": ["http://file-d"],
-        "conversation": {"ttl_seconds": 200, "header": "X-Session"},
-        "store": {"max_entries": 10},
-    }))
-    cfg = cli.source_from_args(args("--config", str(path), "--prefill", "http://flag-p",
-                                    "--conversation-ttl", "300")).load()
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "port": 7000,
+                "prefill": ["http://file-p"],
+                "decode": ["http://file-d"],
+                "conversation": {"ttl_seconds": 200, "header": "X-Session"},
+                "store": {"max_entries": 10},
+            }
+        )
+    )
+    cfg = cli.source_from_args(
+        args("--config", str(path), "--prefill", "http://flag-p", "--conversation-ttl", "300")
+    ).load()
     assert cfg.prefill == ["http://flag-p"] and cfg.decode == ["http://file-d"]
     assert cfg.port == 7000 and cfg.conversation.ttl_seconds == 300 and cfg.conversation.header == "X-Session"
     assert cfg.store.max_entries == 10
@@ -49,14 +68,17 @@ def test_json_files_work_and_engine_flags_switch_discovery_off(tmp_path):
     assert cfg.discovery is None and cfg.decode == ["http://d"]
 
 
-@pytest.mark.parametrize("text", [
-    "port: [1",  # YAML syntax
-    "- a\n- b",  # not a mapping
-    "bogus_field: 1",  # extra=forbid
-    "conversation: {ttl_seconds: 500}",  # not below the engines' 480 s
-    "port: 0",
-    "store: {kind: redis}",  # redis without a URL
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "port: [1",  # YAML syntax
+        "- a\n- b",  # not a mapping
+        "bogus_field: 1",  # extra=forbid
+        "conversation: {ttl_seconds: 500}",  # not below the engines' 480 s
+        "port: 0",
+        "store: {kind: redis}",  # redis without a URL
+    ],
+)
 def test_invalid_files_are_refused(tmp_path, text):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
@@ -93,21 +115,35 @@ def test_change_detection_ignores_touches(tmp_path):
 
 async def test_reload_applies_valid_files_and_ignores_invalid_ones(tmp_path):
     path = tmp_path / "r.yaml"
-    path.write_text(yaml.safe_dump({"prefill": ["http://127.0.0.1:9"], "decode": ["http://127.0.0.1:10"],
-                                    "reload_interval_seconds": 0.05,
-                                    "health_check": {"interval_seconds": 60, "timeout_seconds": 0.2}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "prefill": ["http://127.0.0.1:9"],
+                "decode": ["http://127.0.0.1:10"],
+                "reload_interval_seconds": 0.05,
+                "health_check": {"interval_seconds": 60, "timeout_seconds": 0.2},
+            }
+        )
+    )
     source = ConfigSource(str(path), flag_overrides(conversation_ttl=100))
     router = Router(source.load(), source)
     await router.start()
     try:
+
         def write(data) -> None:
             path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
             st = path.stat()
             os.utime(path, ns=(st.st_mtime_ns + 10**9, st.st_mtime_ns + 10**9))
 
-        write({"prefill": ["http://127.0.0.1:9"], "decode": ["http://127.0.0.1:11", "http://127.0.0.1:12"],
-               "reload_interval_seconds": 0.05, "max_body_bytes": 1234,
-               "health_check": {"interval_seconds": 60, "timeout_seconds": 0.2}})
+        write(
+            {
+                "prefill": ["http://127.0.0.1:9"],
+                "decode": ["http://127.0.0.1:11", "http://127.0.0.1:12"],
+                "reload_interval_seconds": 0.05,
+                "max_body_bytes": 1234,
+                "health_check": {"interval_seconds": 60, "timeout_seconds": 0.2},
+            }
+        )
         for _ in range(100):
             if router.generation == 2:
                 break
@@ -119,8 +155,9 @@ async def test_reload_applies_valid_files_and_ignores_invalid_ones(tmp_path):
         write("decode: [oops")
         await asyncio.sleep(0.3)
         assert router.generation == 2 and router.config.max_body_bytes == 1234
-        assert router.metrics.registry.get_sample_value("duplex_router_config_reloads_total",
-                                                        {"outcome": "invalid"}) == 1
+        assert (
+            router.metrics.registry.get_sample_value("duplex_router_config_reloads_total", {"outcome": "invalid"}) == 1
+        )
     finally:
         await router.stop()
 
@@ -140,8 +177,9 @@ async def test_reload_applies_memory_store_bounds_without_a_restart(caplog):
     assert (router.store.max_entries, router.store.max_bytes) == (7, 1 << 20)
     assert "restart" not in caplog.text
     with caplog.at_level("WARNING"):
-        await router.apply(RouterConfig.model_validate({**base, "store": {"kind": "redis", "redis_url":
-                                                                          "redis://127.0.0.1:1"}}))
+        await router.apply(
+            RouterConfig.model_validate({**base, "store": {"kind": "redis", "redis_url": "redis://127.0.0.1:1"}})
+        )
     assert "store backend changes take effect after a restart" in caplog.text
     assert router.store.kind == "memory"
     await router.stop()
@@ -153,13 +191,24 @@ async def test_maintenance_keeps_the_store_gauges_current(monkeypatch):
     from duplex_sidecars.router.store import Entry
 
     monkeypatch.setattr(app_module, "_MAINTENANCE_SECONDS", 0.02)
-    router = Router(RouterConfig.model_validate({"prefill": ["http://127.0.0.1:9"], "decode": ["http://127.0.0.1:10"],
-                                                 "health_check": {"interval_seconds": 60, "timeout_seconds": 0.2}}))
+    router = Router(
+        RouterConfig.model_validate(
+            {
+                "prefill": ["http://127.0.0.1:9"],
+                "decode": ["http://127.0.0.1:10"],
+                "health_check": {"interval_seconds": 60, "timeout_seconds": 0.2},
+            }
+        )
+    )
     await router.start()
     try:
         # Entries put behind the request path's back (as a reload's eviction or expiry changes them).
-        e = Entry(decode_url="http://127.0.0.1:10", params={"remote_engine_id": "d", "remote_num_tokens": 1},
-                  covered=Covered("messages", "abc", 3), scope="s")
+        e = Entry(
+            decode_url="http://127.0.0.1:10",
+            params={"remote_engine_id": "d", "remote_num_tokens": 1},
+            covered=Covered("messages", "abc", 3),
+            scope="s",
+        )
         await router.store.put("k", e, ttl=60)
         sample = router.metrics.registry.get_sample_value
         for _ in range(100):

@@ -11,14 +11,14 @@ import pytest
 import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-
 from duplex_sidecars.router.config import EndpointSliceDiscovery
 from duplex_sidecars.router.endpoints import DECODE, PREFILL
 from duplex_sidecars.router.endpointslices import ApiAccess, EndpointSliceWatcher, slice_urls
 
 
-def make_slice(name: str, service: str, addresses: list[tuple[str, Any]], port: int = 8000,
-               port_name: str = "http", rv: str = "1") -> dict[str, Any]:
+def make_slice(
+    name: str, service: str, addresses: list[tuple[str, Any]], port: int = 8000, port_name: str = "http", rv: str = "1"
+) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "resourceVersion": rv, "labels": {"kubernetes.io/service-name": service}},
         "addressType": "IPv4",
@@ -61,8 +61,13 @@ class FakeApiServer:
         selector = request.query["labelSelector"]
         if request.query.get("watch") != "1":
             self.lists += 1
-            return web.json_response({"kind": "EndpointSliceList", "metadata": {"resourceVersion": str(self.version)},
-                                      "items": self._selected(selector)})
+            return web.json_response(
+                {
+                    "kind": "EndpointSliceList",
+                    "metadata": {"resourceVersion": str(self.version)},
+                    "items": self._selected(selector),
+                }
+            )
         resp = web.StreamResponse()
         await resp.prepare(request)
         queue: asyncio.Queue = asyncio.Queue()
@@ -100,13 +105,18 @@ async def api(tmp_path):
     server = FakeApiServer()
     base = await server.start()
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": base}}],
-        "users": [{"name": "u", "user": {"token": "tok"}}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u", "namespace": "ns"}}],
-        "current-context": "x",
-    }))
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": base}}],
+                "users": [{"name": "u", "user": {"token": "tok"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u", "namespace": "ns"}}],
+                "current-context": "x",
+            }
+        )
+    )
     yield server, str(kubeconfig)
     for _, queue in list(server.watchers):
         queue.put_nowait(None)
@@ -126,8 +136,9 @@ async def test_watch_follows_ready_endpoints(api):
     server.slices["p-1"] = make_slice("p-1", "eng-prefill", [("10.0.0.1", True), ("10.0.0.2", False)])
     server.slices["other"] = make_slice("other", "unrelated", [("10.9.9.9", True)])
     seen: dict[str, list[str]] = {}
-    discovery = EndpointSliceDiscovery(namespace="ns", prefill_service="eng-prefill", decode_service="eng-decode",
-                                       kubeconfig=kubeconfig)
+    discovery = EndpointSliceDiscovery(
+        namespace="ns", prefill_service="eng-prefill", decode_service="eng-decode", kubeconfig=kubeconfig
+    )
     watcher = EndpointSliceWatcher(discovery, lambda role, urls: seen.__setitem__(role, urls))
     await watcher.start()
     try:
@@ -160,15 +171,17 @@ async def test_router_drops_entries_of_a_decode_endpoint_that_leaves_its_slice(a
 
     server, kubeconfig = api
     server.slices["d-1"] = make_slice("d-1", "dec", [("127.0.0.1", True), ("127.0.0.2", True)], port=9)
-    config = RouterConfig(discovery={"namespace": "ns", "prefill_service": "pre", "decode_service": "dec",
-                                     "kubeconfig": kubeconfig},
-                          health_check={"interval_seconds": 60, "timeout_seconds": 0.2})
+    config = RouterConfig(
+        discovery={"namespace": "ns", "prefill_service": "pre", "decode_service": "dec", "kubeconfig": kubeconfig},
+        health_check={"interval_seconds": 60, "timeout_seconds": 0.2},
+    )
     router = Router(config)
     await router.start()
     try:
         await eventually(lambda: len(router.engines.decode) == 2)
-        await router.store.put("k", Entry("http://127.0.0.2:9", params={"x": 1}, covered=Covered("text", "d", 1)),
-                               ttl=60)
+        await router.store.put(
+            "k", Entry("http://127.0.0.2:9", params={"x": 1}, covered=Covered("text", "d", 1)), ttl=60
+        )
         server.emit("MODIFIED", make_slice("d-1", "dec", [("127.0.0.1", True), ("127.0.0.2", False)], port=9))
         await eventually(lambda: len(router.engines.decode) == 1)
         await router.engines.settle()

@@ -31,7 +31,7 @@ async def test_turn_two_replays_decodes_blocks_to_prefill(make_rig):
     rig = await make_rig()
     await two_turns(rig)
     p1, p2 = rig.p.seen
-    d1, d2 = rig.d.seen
+    d1, _d2 = rig.d.seen
     assert kv_in(p1) == protocol.miss_params()
     expected = protocol.replay_params(rig.d.d_params(d1.headers["X-Request-Id"]))
     assert kv_in(p2) == expected
@@ -71,8 +71,15 @@ async def test_non_streaming_body_has_no_params(make_rig):
 
 async def test_client_supplied_kv_params_never_reach_engines(make_rig):
     rig = await make_rig()
-    evil = {"do_remote_decode": True, "remote_engine_id": "victim", "remote_block_ids": [[1]], "remote_host": "x",
-            "remote_port": 1, "remote_request_id": "r", "remote_num_tokens": 100}
+    evil = {
+        "do_remote_decode": True,
+        "remote_engine_id": "victim",
+        "remote_block_ids": [[1]],
+        "remote_host": "x",
+        "remote_port": 1,
+        "remote_request_id": "r",
+        "remote_num_tokens": 100,
+    }
     status, _, _ = await rig.chat([USER], conv=None, kv_transfer_params=evil)
     assert status == 200
     assert kv_in(rig.p.seen[0]) == protocol.miss_params()
@@ -81,7 +88,7 @@ async def test_client_supplied_kv_params_never_reach_engines(make_rig):
 
 async def test_conversation_id_from_header(make_rig):
     rig = await make_rig()
-    status, _, text = await rig.chat([USER], conv=None, headers={"X-Conversation-Id": "h1"})
+    _status, _, text = await rig.chat([USER], conv=None, headers={"X-Conversation-Id": "h1"})
     history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "more"}]
     await rig.chat(history, conv=None, headers={"X-Conversation-Id": "h1"})
     assert kv_in(rig.p.seen[1])["remote_engine_id"] == "d0"
@@ -125,8 +132,9 @@ async def test_models_scope_state(make_rig):
     rig = await make_rig()
     _, _, text = await rig.chat([USER])
     history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
-    status, _, _ = await rig.post("/v1/chat/completions", {"model": "other", "messages": history,
-                                                           "conversation_id": "c1"})
+    status, _, _ = await rig.post(
+        "/v1/chat/completions", {"model": "other", "messages": history, "conversation_id": "c1"}
+    )
     assert status == 200
     assert kv_in(rig.p.seen[1]) == protocol.miss_params()
 
@@ -183,11 +191,11 @@ async def test_stop_string_reply_is_not_replayed(make_rig):
 async def test_completions_reuse_needs_the_prompt_to_extend(make_rig):
     rig = await make_rig()
     body = {"model": "m", "prompt": "Once upon a time", "conversation_id": "k"}
-    status, out, _ = await rig.post("/v1/completions", body)
+    _, out, _ = await rig.post("/v1/completions", body)
     text = out["choices"][0]["text"]
     await rig.post("/v1/completions", {**body, "prompt": "Once upon a time" + text + " and then"})
     assert kv_in(rig.p.seen[1])["remote_engine_id"] == "d0"
-    status, out, _ = await rig.post("/v1/completions", {**body, "prompt": "Once upon a time" + text})
+    _status, out, _ = await rig.post("/v1/completions", {**body, "prompt": "Once upon a time" + text})
     await rig.post("/v1/completions", {**body, "prompt": "Twice upon a time" + text})
     assert kv_in(rig.p.seen[3]) == protocol.miss_params()
 
@@ -206,7 +214,9 @@ async def test_decode_is_sticky_per_conversation(make_rig):
     for p in rig.p.seen:
         params = kv_in(p)
         if params.get("remote_engine_id"):
-            served = [e.name for e in rig.decode for s in e.seen if s.headers["X-Request-Id"] == p.headers["X-Request-Id"]]
+            served = [
+                e.name for e in rig.decode for s in e.seen if s.headers["X-Request-Id"] == p.headers["X-Request-Id"]
+            ]
             assert served == [params["remote_engine_id"]]
     assert rig.metric("duplex_router_kv_reuse_hits_total") == 5
 
@@ -223,8 +233,8 @@ async def test_prefill_failure_retries_elsewhere_without_reuse(make_rig):
     turn2 = [s for e in rig.prefill for s in e.seen if s.body["messages"] == history]
     assert len(turn2) == 2
     assert {s.headers["X-Request-Id"].endswith("-p1") for s in turn2} == {True, False}
-    first = [s for s in turn2 if not s.headers["X-Request-Id"].endswith("-p1")][0]
-    retry = [s for s in turn2 if s.headers["X-Request-Id"].endswith("-p1")][0]
+    first = next(s for s in turn2 if not s.headers["X-Request-Id"].endswith("-p1"))
+    retry = next(s for s in turn2 if s.headers["X-Request-Id"].endswith("-p1"))
     assert kv_in(first)["remote_engine_id"] == "d0"  # only the first attempt carried decode's blocks
     assert kv_in(retry) == protocol.miss_params()
     assert [e for e in rig.prefill if first in e.seen] != [e for e in rig.prefill if retry in e.seen]
@@ -263,7 +273,7 @@ async def test_decode_failure_before_first_byte_reruns_prefill_and_decode(make_r
     rig = await make_rig(n_decode=2)
     _, _, text = await rig.chat([USER])
     history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
-    first_decode = [e for e in rig.decode if e.seen][0]
+    first_decode = next(e for e in rig.decode if e.seen)
     first_decode.actions = [503]
     status, out, text2 = await rig.chat(history, stream=True)
     assert status == 200 and out[-1] == "[DONE]" and text2 == "hello world again"
@@ -271,7 +281,7 @@ async def test_decode_failure_before_first_byte_reruns_prefill_and_decode(make_r
     assert len(p_calls) == 2
     assert kv_in(p_calls[0])["remote_engine_id"] == first_decode.name
     assert kv_in(p_calls[1]) == protocol.miss_params()  # a fresh prefill, no replay
-    other = [e for e in rig.decode if e is not first_decode][0]
+    other = next(e for e in rig.decode if e is not first_decode)
     assert len(other.seen) == 1
     assert rig.metric("duplex_router_retries_total", leg="decode") == 1
 
@@ -357,9 +367,14 @@ async def test_ready_health_models_metrics(make_rig):
     await rig.chat([USER], conv=None)
     async with rig.session.get(rig.url + "/metrics") as r:
         text = await r.text()
-    for name in ("duplex_router_requests_total", "duplex_router_time_to_first_token_seconds_bucket",
-                 "duplex_router_request_duration_seconds_bucket", "duplex_router_inflight_requests",
-                 "duplex_router_store_entries", "duplex_router_kv_reuse_misses_total"):
+    for name in (
+        "duplex_router_requests_total",
+        "duplex_router_time_to_first_token_seconds_bucket",
+        "duplex_router_request_duration_seconds_bucket",
+        "duplex_router_inflight_requests",
+        "duplex_router_store_entries",
+        "duplex_router_kv_reuse_misses_total",
+    ):
         assert name in text
 
 
@@ -455,8 +470,10 @@ async def test_streams_whose_body_ends_after_done_keep_their_connection(make_rig
 async def test_values_beyond_strict_json_reach_the_engines_unchanged_and_are_never_replayed(make_rig):
     rig = await make_rig()
     big = 123456789012345678901234567890
-    raw = ('{"model": "m", "messages": [{"role": "user", "content": "hi"}], "conversation_id": "odd", '
-           f'"seed": {big}, "logit_bias": {{"5": NaN}}}}').encode()
+    raw = (
+        '{"model": "m", "messages": [{"role": "user", "content": "hi"}], "conversation_id": "odd", '
+        f'"seed": {big}, "logit_bias": {{"5": NaN}}}}'
+    ).encode()
     for _ in range(2):
         status, out, _ = await rig.post("/v1/chat/completions", data=raw, headers={"Content-Type": "application/json"})
         assert status == 200, out
@@ -479,8 +496,8 @@ def _dechunk(raw: bytes) -> bytes:
         if size == 0:
             return bytes(out)
         out += rest[:size]
-        assert rest[size:size + 2] == b"\r\n"
-        rest = rest[size + 2:]
+        assert rest[size : size + 2] == b"\r\n"
+        rest = rest[size + 2 :]
 
 
 async def test_a_slow_client_holds_decode_back_and_its_time_is_not_decodes(make_rig):
@@ -497,8 +514,10 @@ async def test_a_slow_client_holds_decode_back_and_its_time_is_not_decodes(make_
     host, port = rig.url.removeprefix("http://").split(":")
     await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
     reader, writer = await asyncio.open_connection(sock=sock, limit=16 * 1024)  # pauses once 32 KiB wait
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
     await asyncio.sleep(1.2)  # four idle timeouts long, reading nothing
     assert rig.d.stream_ended_at is None, "decode finished while the client read nothing: the router buffered it all"
     raw = await asyncio.wait_for(reader.read(), 30)

@@ -42,8 +42,9 @@ ServerFactory = Callable[..., Awaitable[FrontServer]]
 async def make_server() -> AsyncIterator[ServerFactory]:
     servers: list[FrontServer] = []
 
-    async def factory(handler: Handler, *, max_body: Callable[[], int] = lambda: 1000,
-                      idle: float = 5.0) -> FrontServer:
+    async def factory(
+        handler: Handler, *, max_body: Callable[[], int] = lambda: 1000, idle: float = 5.0
+    ) -> FrontServer:
         server = FrontServer(handler, Limits(max_body, idle_seconds=idle), error_body)
         await server.start("127.0.0.1", 0)
         servers.append(server)
@@ -61,7 +62,6 @@ class Reply(HeaderLookup):
     headers: list[tuple[str, str]]
     body: bytes
     chunks: list[bytes] | None  # the chunks as framed, for a chunked body
-
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -158,10 +158,17 @@ async def connect() -> AsyncIterator[Callable[..., Awaitable[Client]]]:
 
 
 def describe(request: Request) -> bytes:
-    return json.dumps({
-        "method": request.method, "path": request.path, "query": request.query, "headers": request.headers,
-        "body": request.body.decode("latin-1"), "http11": request.http11, "keep_alive": request.keep_alive,
-    }).encode()
+    return json.dumps(
+        {
+            "method": request.method,
+            "path": request.path,
+            "query": request.query,
+            "headers": request.headers,
+            "body": request.body.decode("latin-1"),
+            "http11": request.http11,
+            "keep_alive": request.keep_alive,
+        }
+    ).encode()
 
 
 class Recording:
@@ -180,7 +187,12 @@ async def echo(request: Request) -> None:
 
 
 def get(path: str = "/", *headers: bytes, version: bytes = b"1.1", method: bytes = b"GET") -> bytes:
-    return b"%s %s HTTP/%s\r\nHost: t\r\n%s\r\n" % (method, path.encode(), version, b"".join(h + b"\r\n" for h in headers))
+    return b"%s %s HTTP/%s\r\nHost: t\r\n%s\r\n" % (
+        method,
+        path.encode(),
+        version,
+        b"".join(h + b"\r\n" for h in headers),
+    )
 
 
 def post(path: str, body: bytes, *headers: bytes) -> bytes:
@@ -197,8 +209,10 @@ def chunked(*pieces: bytes, end: bool = True) -> bytes:
 async def test_request_fields(make_server, connect):
     server = await make_server(echo)
     client = await connect(server)
-    await client.send(b"PUT /v1/x%20y?a=1&b=2 HTTP/1.1\r\nHost: t\r\nX-Multi: one\r\nX-MULTI: two\r\n"
-                      b"Content-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello")
+    await client.send(
+        b"PUT /v1/x%20y?a=1&b=2 HTTP/1.1\r\nHost: t\r\nX-Multi: one\r\nX-MULTI: two\r\n"
+        b"Content-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello"
+    )
     reply = await client.reply()
     assert reply.status == 200
     seen = reply.json()
@@ -385,8 +399,9 @@ async def test_many_pipelined_requests_in_one_write_are_all_answered_in_order(ma
     assert not await client.closed(0.05)
 
 
-@pytest.mark.parametrize("first", [get("/first", b"Connection: close"), get("/first", version=b"1.0")],
-                         ids=["connection-close", "http10"])
+@pytest.mark.parametrize(
+    "first", [get("/first", b"Connection: close"), get("/first", version=b"1.0")], ids=["connection-close", "http10"]
+)
 async def test_pipelined_request_after_a_closing_one_is_not_served(make_server, connect, first):
     seen: list[str] = []
 
@@ -421,7 +436,9 @@ async def test_content_length_body_arrives_whole(make_server, connect):
 async def test_chunked_body_arrives_whole(make_server, connect):
     server = await make_server(echo)
     client = await connect(server)
-    await client.send(get("/", b"Transfer-Encoding: chunked", method=b"POST") + chunked(b"hello ", b"chunked", end=False))
+    await client.send(
+        get("/", b"Transfer-Encoding: chunked", method=b"POST") + chunked(b"hello ", b"chunked", end=False)
+    )
     await asyncio.sleep(0.01)
     await client.send(chunked(b" world"))
     reply = await client.reply()
@@ -473,8 +490,9 @@ async def test_chunked_body_over_the_limit_is_answered_413(make_server, connect)
     handler = Recording()
     server = await make_server(handler)
     client = await connect(server)
-    await client.send(get("/", b"Transfer-Encoding: chunked", method=b"POST")
-                      + chunked(b"a" * 600, b"b" * 600, end=False))
+    await client.send(
+        get("/", b"Transfer-Encoding: chunked", method=b"POST") + chunked(b"a" * 600, b"b" * 600, end=False)
+    )
     reply = await client.reply()
     assert reply.status == 413
     assert reply.header("Connection") == "close"
@@ -584,18 +602,31 @@ async def test_100_continue_for_a_pipelined_request_waits_for_the_response_befor
 # ---- malformed requests -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("request_bytes, status", [
-    pytest.param(b"THIS IS NOT HTTP\r\n\r\n", 400, id="request-line"),
-    pytest.param(b"GET / HTTP/1.1\r\nNo colon here\r\n\r\n", 400, id="header-line"),
-    pytest.param(b"GET / HTTP/9.9\r\n\r\n", 400, id="version"),
-    pytest.param(b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
-                 400, id="length-and-chunked"),
-    pytest.param(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n", 400, id="chunk-size"),
-    pytest.param(b"GET /" + b"u" * MAX_HEAD_BYTES + b" HTTP/1.1\r\n\r\n", 431, id="head-over-limit-url"),
-    pytest.param(b"GET / HTTP/1.1\r\nX-Big: " + b"v" * MAX_HEAD_BYTES + b"\r\n\r\n", 431, id="head-over-limit-one-header"),
-    pytest.param(b"GET / HTTP/1.1\r\n" + b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 40) for i in range(1700)) + b"\r\n",
-                 431, id="head-over-limit-many-headers"),
-])
+@pytest.mark.parametrize(
+    "request_bytes, status",
+    [
+        pytest.param(b"THIS IS NOT HTTP\r\n\r\n", 400, id="request-line"),
+        pytest.param(b"GET / HTTP/1.1\r\nNo colon here\r\n\r\n", 400, id="header-line"),
+        pytest.param(b"GET / HTTP/9.9\r\n\r\n", 400, id="version"),
+        pytest.param(
+            b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            400,
+            id="length-and-chunked",
+        ),
+        pytest.param(
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n", 400, id="chunk-size"
+        ),
+        pytest.param(b"GET /" + b"u" * MAX_HEAD_BYTES + b" HTTP/1.1\r\n\r\n", 431, id="head-over-limit-url"),
+        pytest.param(
+            b"GET / HTTP/1.1\r\nX-Big: " + b"v" * MAX_HEAD_BYTES + b"\r\n\r\n", 431, id="head-over-limit-one-header"
+        ),
+        pytest.param(
+            b"GET / HTTP/1.1\r\n" + b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 40) for i in range(1700)) + b"\r\n",
+            431,
+            id="head-over-limit-many-headers",
+        ),
+    ],
+)
 async def test_malformed_or_oversized_head_is_answered_then_closed(make_server, connect, request_bytes, status):
     handler = Recording()
     server = await make_server(handler)
@@ -632,8 +663,16 @@ async def test_upgrade_request_gets_an_answer(make_server, connect, method):
     # what `curl --http2 http://...` sends: a plain HTTP/1.1 request offering an upgrade to h2c
     server = await make_server(echo)
     client = await connect(server)
-    await client.send(get("/", b"Connection: Upgrade, HTTP2-Settings", b"Upgrade: h2c",
-                          b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA", b"Content-Length: 0", method=method))
+    await client.send(
+        get(
+            "/",
+            b"Connection: Upgrade, HTTP2-Settings",
+            b"Upgrade: h2c",
+            b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA",
+            b"Content-Length: 0",
+            method=method,
+        )
+    )
     reply = await client.reply()
     assert reply.status in (200, 400)  # served over HTTP/1.1 (the upgrade ignored), or refused as the code intends
 

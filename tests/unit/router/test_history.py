@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import copy
 
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
-
 from duplex_sidecars.router.history import (
     ANONYMOUS_TENANT,
     CHAT_ROUTE,
@@ -21,26 +18,37 @@ from duplex_sidecars.router.history import (
     state_key,
     tenant_of,
 )
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 text = st.text(min_size=0, max_size=30)
-tool_call = st.fixed_dictionaries({
-    "id": st.text(min_size=1, max_size=8),
-    "type": st.just("function"),
-    "function": st.fixed_dictionaries({"name": st.text(min_size=1, max_size=8), "arguments": text}),
-})
+tool_call = st.fixed_dictionaries(
+    {
+        "id": st.text(min_size=1, max_size=8),
+        "type": st.just("function"),
+        "function": st.fixed_dictionaries({"name": st.text(min_size=1, max_size=8), "arguments": text}),
+    }
+)
 message = st.one_of(
     st.fixed_dictionaries({"role": st.sampled_from(["system", "user"]), "content": text}),
     st.fixed_dictionaries({"role": st.just("assistant"), "content": text}),
-    st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none(),
-                           "tool_calls": st.lists(tool_call, min_size=1, max_size=3)}),
-    st.fixed_dictionaries({"role": st.just("tool"), "tool_call_id": st.text(min_size=1, max_size=8),
-                           "content": text}),
-    st.fixed_dictionaries({"role": st.just("user"), "content": st.lists(
-        st.fixed_dictionaries({"type": st.just("text"), "text": text}), min_size=1, max_size=3)}),
+    st.fixed_dictionaries(
+        {"role": st.just("assistant"), "content": st.none(), "tool_calls": st.lists(tool_call, min_size=1, max_size=3)}
+    ),
+    st.fixed_dictionaries({"role": st.just("tool"), "tool_call_id": st.text(min_size=1, max_size=8), "content": text}),
+    st.fixed_dictionaries(
+        {
+            "role": st.just("user"),
+            "content": st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": text}), min_size=1, max_size=3),
+        }
+    ),
 )
 messages = st.lists(message, min_size=1, max_size=8)
-reply = st.builds(lambda c, calls: Reply(content=c, tool_calls=tuple(calls), finish_reason="stop"),
-                  st.one_of(st.none(), text), st.lists(tool_call, max_size=2))
+reply = st.builds(
+    lambda c, calls: Reply(content=c, tool_calls=tuple(calls), finish_reason="stop"),
+    st.one_of(st.none(), text),
+    st.lists(tool_call, max_size=2),
+)
 
 
 def chat(msgs):
@@ -64,8 +72,14 @@ def test_extended_history_matches(msgs, r, new_turns):
 @given(messages, reply)
 def test_sdk_echo_decorations_still_match(msgs, r):
     covered = chat(msgs).covered_with(r)
-    echoed = {**assistant_of(r), "refusal": None, "annotations": [], "audio": None, "function_call": None,
-              "reasoning_content": None}
+    echoed = {
+        **assistant_of(r),
+        "refusal": None,
+        "annotations": [],
+        "audio": None,
+        "function_call": None,
+        "reasoning_content": None,
+    }
     if r.tool_calls:
         echoed["tool_calls"] = [{**c, "index": i} for i, c in enumerate(r.tool_calls)]
         echoed["content"] = "" if r.content is None else r.content
@@ -113,7 +127,7 @@ def test_truncation_breaks_the_match(msgs, r, data):
     assert truncated == [] or not chat(truncated).matches(covered)
     # dropping a message from the middle is a truncation too
     k = data.draw(st.integers(0, len(full) - 1))
-    dropped = full[:k] + full[k + 1:] + [{"role": "user", "content": "next"}]
+    dropped = full[:k] + full[k + 1 :] + [{"role": "user", "content": "next"}]
     if dropped[: len(full)] != full:
         assert not chat(dropped).matches(covered)
 
@@ -134,12 +148,26 @@ def test_reordering_breaks_the_match(msgs, r, data):
 def test_the_generated_reply_must_be_there(msgs, r):
     covered = chat(msgs).covered_with(r)
     assert not chat(msgs + [{"role": "user", "content": "next"}]).matches(covered) or (
-        normalize_message({"role": "user", "content": "next"}) == normalize_message(assistant_of(r)))
+        normalize_message({"role": "user", "content": "next"}) == normalize_message(assistant_of(r))
+    )
 
 
-scope_fields = st.sampled_from(["tools", "tool_choice", "chat_template", "chat_template_kwargs",
-                                "add_generation_prompt", "continue_final_message", "add_special_tokens",
-                                "documents", "cache_salt", "reasoning_effort", "response_format", "model"])
+scope_fields = st.sampled_from(
+    [
+        "tools",
+        "tool_choice",
+        "chat_template",
+        "chat_template_kwargs",
+        "add_generation_prompt",
+        "continue_final_message",
+        "add_special_tokens",
+        "documents",
+        "cache_salt",
+        "reasoning_effort",
+        "response_format",
+        "model",
+    ]
+)
 
 
 @given(scope_fields, st.one_of(st.text(max_size=5), st.booleans(), st.dictionaries(st.text(max_size=3), st.integers())))
@@ -152,8 +180,9 @@ def test_scope_changes_with_every_tokenization_field(field, value):
 
 def test_scope_ignores_sampling_and_the_route_matters():
     base = {"model": "m", "max_tokens": 5}
-    assert scope_digest(CHAT_ROUTE, base) == scope_digest(CHAT_ROUTE, {**base, "temperature": 1, "stream": True,
-                                                                      "max_tokens": 9, "seed": 3})
+    assert scope_digest(CHAT_ROUTE, base) == scope_digest(
+        CHAT_ROUTE, {**base, "temperature": 1, "stream": True, "max_tokens": 9, "seed": 3}
+    )
     assert scope_digest(CHAT_ROUTE, base) != scope_digest(COMPLETIONS_ROUTE, base)
     assert scope_digest(CHAT_ROUTE, {**base, "tools": None}) == scope_digest(CHAT_ROUTE, base)
 
@@ -161,11 +190,13 @@ def test_scope_ignores_sampling_and_the_route_matters():
 @given(st.text(min_size=1, max_size=40), st.text(max_size=40), st.text(max_size=40))
 def test_completion_prompts_must_extend_prompt_plus_reply(prompt, generated, more):
     covered = History.of_request(COMPLETIONS_ROUTE, {"prompt": prompt}).covered_with(
-        Reply(content=generated, finish_reason="length"))
+        Reply(content=generated, finish_reason="length")
+    )
     assert History.of_request(COMPLETIONS_ROUTE, {"prompt": prompt + generated + more}).matches(covered)
     if generated:
-        assert not History.of_request(COMPLETIONS_ROUTE, {"prompt": prompt + more}).matches(covered) or \
-            more.startswith(generated)
+        assert not History.of_request(COMPLETIONS_ROUTE, {"prompt": prompt + more}).matches(covered) or more.startswith(
+            generated
+        )
     edited = "X" + prompt[1:] if prompt[0] != "X" else "Y" + prompt[1:]
     assert not History.of_request(COMPLETIONS_ROUTE, {"prompt": edited + generated + more}).matches(covered)
 
@@ -179,8 +210,20 @@ def test_uncomparable_requests_have_no_history():
     assert History.of_request(COMPLETIONS_ROUTE, {"prompt": [1, 2, 3]}) is None
     assert History.of_request(COMPLETIONS_ROUTE, {"prompt": ""}) is None
     assert History.of_request(CHAT_ROUTE, {"messages": []}) is None
-    assert History.of_request(CHAT_ROUTE, {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "https://example.invalid/cat.png"}}]}]}) is None
+    assert (
+        History.of_request(
+            CHAT_ROUTE,
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "https://example.invalid/cat.png"}}],
+                    }
+                ]
+            },
+        )
+        is None
+    )
     inline = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     assert History.of_request(CHAT_ROUTE, {"messages": [{"role": "user", "content": [inline]}]}) is not None
 
@@ -196,8 +239,13 @@ def test_tool_only_turn_content_null_or_empty_is_the_same():
 def test_keys_are_tenant_model_and_conversation_scoped_and_hashed():
     t = tenant_of("Bearer secret")
     assert "secret" not in t and t != ANONYMOUS_TENANT and tenant_of(None) == ANONYMOUS_TENANT
-    keys = {state_key(t, "m", "c"), state_key(tenant_of("Bearer other"), "m", "c"), state_key(t, "m2", "c"),
-            state_key(t, "m", "c2"), state_key(ANONYMOUS_TENANT, "m", "c")}
+    keys = {
+        state_key(t, "m", "c"),
+        state_key(tenant_of("Bearer other"), "m", "c"),
+        state_key(t, "m2", "c"),
+        state_key(t, "m", "c2"),
+        state_key(ANONYMOUS_TENANT, "m", "c"),
+    }
     assert len(keys) == 5
     assert all(len(k) == 64 for k in keys)
 
@@ -267,12 +315,22 @@ def test_digests_are_versioned_and_stable():
     def framed(*parts: bytes) -> bytes:
         return b"".join(len(p).to_bytes(8, "big") + p for p in parts)
 
-    assert state_key("anonymous", "m", "c1") == hashlib.sha256(b"conv/2\0" + framed(b"anonymous", b"m", b"c1")).hexdigest()
+    assert (
+        state_key("anonymous", "m", "c1") == hashlib.sha256(b"conv/2\0" + framed(b"anonymous", b"m", b"c1")).hexdigest()
+    )
     covered = chat([{"content": "hi", "role": "user"}]).covered_with(Reply(content="hello", finish_reason="stop"))
-    assert covered.digest == hashlib.sha256(b"messages/2\0" + framed(
-        b'{"content":"hi","role":"user"}', b'{"content":"hello","role":"assistant"}')).hexdigest()
-    assert scope_digest(CHAT_ROUTE, {"tools": [{"x": 1.5, "é": None}], "model": "m"}) == hashlib.sha256(
-        b"scope/2\0" + '{"model":"m","route":"chat","tools":[{"x":1.5,"é":null}]}'.encode()).hexdigest()
+    assert (
+        covered.digest
+        == hashlib.sha256(
+            b"messages/2\0" + framed(b'{"content":"hi","role":"user"}', b'{"content":"hello","role":"assistant"}')
+        ).hexdigest()
+    )
+    assert (
+        scope_digest(CHAT_ROUTE, {"tools": [{"x": 1.5, "é": None}], "model": "m"})
+        == hashlib.sha256(
+            b"scope/2\0" + '{"model":"m","route":"chat","tools":[{"x":1.5,"é":null}]}'.encode()
+        ).hexdigest()
+    )
 
 
 def test_integers_beyond_64_bits_and_lone_surrogates_still_have_a_digest():

@@ -6,13 +6,15 @@ import json
 import math
 
 import pytest
+from duplex_sidecars.router.jsonio import dumps, loads, lost_precision
 from hypothesis import given
 from hypothesis import strategies as st
 
-from duplex_sidecars.router.jsonio import dumps, loads, lost_precision
-
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(alphabet=st.characters(blacklist_categories=("Cs",))),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
     max_leaves=20,
@@ -28,8 +30,18 @@ def test_what_comes_in_goes_out_unchanged(value, spaced):
     assert json.dumps(json.loads(dumps(parsed, exact))) == json.dumps(value)
 
 
-@pytest.mark.parametrize("raw", [b"123456789012345678901234567890", b"-9223372036854775809", b'{"seed": 1e400}',
-                                 b'{"a": NaN}', b'[Infinity, -Infinity]', b'"\\ud800"', b'\xef\xbb\xbf{"a": 1}'])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"123456789012345678901234567890",
+        b"-9223372036854775809",
+        b'{"seed": 1e400}',
+        b'{"a": NaN}',
+        b"[Infinity, -Infinity]",
+        b'"\\ud800"',
+        b'\xef\xbb\xbf{"a": 1}',
+    ],
+)
 def test_what_orjson_cannot_read_exactly_takes_the_standard_library(raw):
     parsed, exact = loads(raw)
     assert not exact

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-
 from duplex_sidecars.router.engine_client import EngineClient, EngineResponse
 from duplex_sidecars.router.legs import TIMEOUT, ChunkReader, LegFailure
 

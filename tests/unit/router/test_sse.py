@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
 from duplex_sidecars.router.reply import ReplyCollector, pop_kv_params, reply_of_body
 from duplex_sidecars.router.sse import SSEParser
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 def run(chunks: list[bytes]) -> list:
@@ -31,9 +30,14 @@ def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
     return pieces
 
 
-payloads = st.lists(st.dictionaries(st.sampled_from(["a", "b", "kv_transfer_params"]),
-                                    st.text(alphabet=st.characters(blacklist_characters="\r\n"), max_size=20)),
-                    min_size=1, max_size=6)
+payloads = st.lists(
+    st.dictionaries(
+        st.sampled_from(["a", "b", "kv_transfer_params"]),
+        st.text(alphabet=st.characters(blacklist_characters="\r\n"), max_size=20),
+    ),
+    min_size=1,
+    max_size=6,
+)
 
 
 @pytest.mark.parametrize("eol", [b"\n", b"\r\n", b"\r"])
@@ -77,15 +81,32 @@ def test_stream_collector_assembles_content_and_tool_calls():
     c.add({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
     c.add({"choices": [{"index": 0, "delta": {"content": "Hel"}}]})
     c.add({"choices": [{"index": 0, "delta": {"content": "lo"}}]})
-    c.add({"choices": [{"index": 0, "delta": {"tool_calls": [
-        {"index": 0, "id": "call_1", "type": "function", "function": {"name": "get", "arguments": ""}}]}}]})
-    c.add({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\":"}}]}}]})
+    c.add(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": "call_1",
+                                "type": "function",
+                                "function": {"name": "get", "arguments": ""},
+                            }
+                        ]
+                    },
+                }
+            ]
+        }
+    )
+    c.add({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"a":'}}]}}]})
     c.add({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}}]})
     c.add({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls", "stop_reason": None}]})
     c.add({"choices": [], "usage": {"prompt_tokens": 1}})
     r = c.reply()
     assert r.content == "Hello" and r.finish_reason == "tool_calls" and r.choices == 1
-    assert r.tool_calls == ({"id": "call_1", "type": "function", "function": {"name": "get", "arguments": "{\"a\":1}"}},)
+    assert r.tool_calls == ({"id": "call_1", "type": "function", "function": {"name": "get", "arguments": '{"a":1}'}},)
 
 
 def test_completion_collector_and_several_choices():
@@ -97,9 +118,17 @@ def test_completion_collector_and_several_choices():
 
 
 def test_body_reply_and_param_stripping():
-    body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "x", "tool_calls": []},
-                         "finish_reason": "stop", "kv_transfer_params": {"a": 1}}],
-            "kv_transfer_params": {"b": 2}}
+    body = {
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "x", "tool_calls": []},
+                "finish_reason": "stop",
+                "kv_transfer_params": {"a": 1},
+            }
+        ],
+        "kv_transfer_params": {"b": 2},
+    }
     assert pop_kv_params(body) == {"b": 2}
     assert "kv_transfer_params" not in body and "kv_transfer_params" not in body["choices"][0]
     r = reply_of_body("chat", body)
@@ -115,9 +144,12 @@ def test_stream_relay_strips_params_and_holds_the_final_chunk():
     parser = SSEParser()
     first = relay.take(parser.feed(b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n: ping\n\n'))
     assert first == b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n: ping\n\n'  # untouched bytes
-    final = relay.take(parser.feed(
-        b'data: {"choices":[{"index":0,"delta":{"content":"!"},"finish_reason":"stop"}],'
-        b'"kv_transfer_params":{"remote_engine_id":"d"}}\n\ndata: {"choices":[],"usage":{}}\n\n'))
+    final = relay.take(
+        parser.feed(
+            b'data: {"choices":[{"index":0,"delta":{"content":"!"},"finish_reason":"stop"}],'
+            b'"kv_transfer_params":{"remote_engine_id":"d"}}\n\ndata: {"choices":[],"usage":{}}\n\n'
+        )
+    )
     assert final == b""  # held until the entry is stored
     assert b"kv_transfer_params" not in relay.held and b'"usage"' in relay.held
     assert relay.kv_params == {"remote_engine_id": "d"}
@@ -136,14 +168,22 @@ def test_stream_relay_drops_unparseable_events_that_mention_params():
 
 # ---- which events the relay rewrites -----------------------------------------------------------------------------
 
-kv_values = st.one_of(st.none(), st.fixed_dictionaries({"remote_engine_id": st.text(max_size=5),
-                                                        "remote_block_ids": st.lists(st.integers(0, 99), max_size=3)}))
+kv_values = st.one_of(
+    st.none(),
+    st.fixed_dictionaries(
+        {"remote_engine_id": st.text(max_size=5), "remote_block_ids": st.lists(st.integers(0, 99), max_size=3)}
+    ),
+)
 formats = st.sampled_from([(",", ":"), (", ", ": "), (" ,\t", " :  ")])
 
 
 def _spell(key: str, escape: list[bool]) -> str:
     """The key as JSON source, some of its letters written as \\u escapes."""
-    return '"' + "".join(f"\\u{ord(c):04x}" if e else c for c, e in zip(key, escape + [False] * len(key))) + '"'
+    return (
+        '"'
+        + "".join(f"\\u{ord(c):04x}" if e else c for c, e in zip(key, escape + [False] * len(key), strict=False))
+        + '"'
+    )
 
 
 def _encode(obj, seps, escape) -> bytes:
@@ -164,8 +204,15 @@ def _has_kv(obj) -> bool:
     return "kv_transfer_params" in obj or any("kv_transfer_params" in c for c in obj.get("choices", []))
 
 
-@given(kv=kv_values, position=st.integers(0, 3), nested=st.booleans(), seps=formats,
-       escape=st.lists(st.booleans(), max_size=18), collect=st.booleans(), text=st.text(max_size=8))
+@given(
+    kv=kv_values,
+    position=st.integers(0, 3),
+    nested=st.booleans(),
+    seps=formats,
+    escape=st.lists(st.booleans(), max_size=18),
+    collect=st.booleans(),
+    text=st.text(max_size=8),
+)
 def test_a_chunk_carrying_kv_params_is_always_stripped(kv, position, nested, seps, escape, collect, text):
     from duplex_sidecars.router.forward import _StreamRelay
 
@@ -230,23 +277,48 @@ def _relay_all(chunks: list[bytes], collect: bool, plain: bool):
     return bytes(out), bytes(relay.held), relay.finished, reply, relay.kv_params
 
 
-token_events = st.lists(st.one_of(
-    st.builds(lambda t, f: {"choices": [{"index": 0, "delta": {"content": t}, "finish_reason": f}]},
-              st.text(max_size=6), st.sampled_from([None, "stop", "length"])),
-    st.builds(lambda kv: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
-                          "kv_transfer_params": kv}, st.dictionaries(st.sampled_from(["a", "b"]), st.integers())),
-), min_size=1, max_size=8)
-extras = st.sampled_from([b"", b": keep-alive\n\n", b"event: x\ndata: {}\n\n", b"data: [DONE]\n\n", b"data: nan\n\n",
-                          b"data: {\"a\":1}\r\n\r\n", b"\n\n", b"data: a\ndata: b\n\n", b"data: \\u006b\n\n"])
+token_events = st.lists(
+    st.one_of(
+        st.builds(
+            lambda t, f: {"choices": [{"index": 0, "delta": {"content": t}, "finish_reason": f}]},
+            st.text(max_size=6),
+            st.sampled_from([None, "stop", "length"]),
+        ),
+        st.builds(
+            lambda kv: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "kv_transfer_params": kv},
+            st.dictionaries(st.sampled_from(["a", "b"]), st.integers()),
+        ),
+    ),
+    min_size=1,
+    max_size=8,
+)
+extras = st.sampled_from(
+    [
+        b"",
+        b": keep-alive\n\n",
+        b"event: x\ndata: {}\n\n",
+        b"data: [DONE]\n\n",
+        b"data: nan\n\n",
+        b'data: {"a":1}\r\n\r\n',
+        b"\n\n",
+        b"data: a\ndata: b\n\n",
+        b"data: \\u006b\n\n",
+    ]
+)
 
 
-@given(token_events, st.lists(st.tuples(st.integers(0, 8), extras), max_size=3),
-       st.lists(st.integers(0, 10_000), max_size=10), st.booleans(), st.booleans())
+@given(
+    token_events,
+    st.lists(st.tuples(st.integers(0, 8), extras), max_size=3),
+    st.lists(st.integers(0, 10_000), max_size=10),
+    st.booleans(),
+    st.booleans(),
+)
 def test_the_plain_fast_path_relays_exactly_what_the_event_path_does(objs, inserts, cuts, done, collect):
     events = [b"data: " + json.dumps(o).encode() + b"\n\n" for o in objs]
     for at, extra in inserts:
         events.insert(at % (len(events) + 1), extra)
-    stream = b"".join(events) + (b"data: [DONE]\n\n" if done else b"") + b"data: {\"after\": 1}\n\n"
+    stream = b"".join(events) + (b"data: [DONE]\n\n" if done else b"") + b'data: {"after": 1}\n\n'
     chunks = split_at(stream, cuts)
     assert _relay_all(chunks, collect, plain=True) == _relay_all(chunks, collect, plain=False)
 
@@ -255,7 +327,9 @@ def test_the_plain_fast_path_takes_whole_token_chunks_and_leaves_the_rest_pendin
     parser = SSEParser()
     chunk = b'data: {"x":1}\n\ndata: {"x":2}\n\ndata: {"x"'
     region, datas, rest = parser.split_plain(chunk)
-    assert region == b'data: {"x":1}\n\ndata: {"x":2}\n\n' and datas == [b'{"x":1}', b'{"x":2}'] and rest == b'data: {"x"'
+    assert (
+        region == b'data: {"x":1}\n\ndata: {"x":2}\n\n' and datas == [b'{"x":1}', b'{"x":2}'] and rest == b'data: {"x"'
+    )
     parser.take_rest(rest)
     assert parser.split_plain(b":3}\n\n") is None  # something is pending: the event path finishes it
     assert [e.data for e in parser.feed(b":3}\n\n")] == [b'{"x":3}']

@@ -14,9 +14,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from duplex_sidecars import protocol
 from duplex_sidecars.router import reuse
 from duplex_sidecars.router.history import Covered
@@ -31,14 +28,20 @@ from duplex_sidecars.router.store import (
     pack_params,
     unpack_params,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 D1 = "http://10.0.0.1:8000"
 D2 = "http://10.0.0.2:8000"
 
 
 def entry(url: str = D1, n: int = 1) -> Entry:
-    return Entry(decode_url=url, params={"remote_engine_id": "d", "remote_num_tokens": n},
-                 covered=Covered("messages", "abc", 3), scope="s")
+    return Entry(
+        decode_url=url,
+        params={"remote_engine_id": "d", "remote_num_tokens": n},
+        covered=Covered("messages", "abc", 3),
+        scope="s",
+    )
 
 
 class Clock:
@@ -215,16 +218,26 @@ def test_undecodable_redis_values_are_store_errors(raw):
         Entry.from_bytes(raw)
 
 
-@pytest.mark.parametrize("blob", [b"", b"not zlib", zlib.compress(b"\x08\x00\x00\x00\x01\x00"),
-                                  zlib.compress(b"\x04\x00\x00\x00\x01\x00\x00\x00o[0,[2],{}]"),
-                                  b"\x00", b"\x00\x08\x00\x00\x00\x01\x00", b"\x00\x03\x00\x00\x00\x01\x00\x00o[0,1,{}]",
-                                  b"\x00\x04\x00\x00\x00\x01\x00\x00\x00o[0,[2],{}]"])
+@pytest.mark.parametrize(
+    "blob",
+    [
+        b"",
+        b"not zlib",
+        zlib.compress(b"\x08\x00\x00\x00\x01\x00"),
+        zlib.compress(b"\x04\x00\x00\x00\x01\x00\x00\x00o[0,[2],{}]"),
+        b"\x00",
+        b"\x00\x08\x00\x00\x00\x01\x00",
+        b"\x00\x03\x00\x00\x00\x01\x00\x00o[0,1,{}]",
+        b"\x00\x04\x00\x00\x00\x01\x00\x00\x00o[0,[2],{}]",
+    ],
+)
 def test_undecodable_params_are_store_errors(blob):
     with pytest.raises(StoreError):
         _ = Entry(D1, blob=blob).params
 
 
 # ---- compact params: what the router replays is bit-identical after the round trip -----------------------------
+
 
 def decode_reply(ids: list[int], groups: int = 1) -> dict[str, Any]:
     """decode's allow-listed params after a turn, in the simulator's shape."""
@@ -251,16 +264,24 @@ def same(a: Any, b: Any) -> bool:
 ids = st.integers(min_value=0, max_value=2**31 - 1)
 any_int = st.one_of(ids, st.integers(min_value=-(2**70), max_value=2**70), st.sampled_from([2**31, 2**63, 2**64 - 1]))
 json_scalar = st.one_of(
-    st.none(), st.booleans(), any_int, st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=8), st.sampled_from(["\ud800", "é", ""]),
+    st.none(),
+    st.booleans(),
+    any_int,
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.sampled_from(["\ud800", "é", ""]),
 )
-json_value = st.recursive(json_scalar, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=4)), max_leaves=12)
+json_value = st.recursive(
+    json_scalar,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=4)),
+    max_leaves=12,
+)
 block_ids = st.one_of(
     st.lists(ids, max_size=300),  # flat
     st.lists(st.lists(ids, max_size=200), max_size=4),  # per KV-cache group, empty groups included
-    st.lists(st.lists(st.one_of(ids, st.sampled_from([2**31 - 1, 2**31, 2**32, 2**63, 2**64 - 1])), max_size=20),
-             max_size=3),  # at and beyond what int32 deltas hold
+    st.lists(
+        st.lists(st.one_of(ids, st.sampled_from([2**31 - 1, 2**31, 2**32, 2**63, 2**64 - 1])), max_size=20), max_size=3
+    ),  # at and beyond what int32 deltas hold
     st.lists(st.lists(any_int, max_size=20), max_size=3),  # negative and huge ids
     st.lists(st.one_of(any_int, st.booleans(), st.floats(), st.lists(ids, max_size=3)), max_size=20),  # odd shapes
     json_value,
@@ -288,11 +309,20 @@ def test_compact_params_round_trip(p):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(ids, min_size=1, max_size=4096), st.integers(1, 3), st.text(max_size=20),
-       st.one_of(st.none(), st.floats(allow_nan=False)))
+@given(
+    st.lists(ids, min_size=1, max_size=4096),
+    st.integers(1, 3),
+    st.text(max_size=20),
+    st.one_of(st.none(), st.floats(allow_nan=False)),
+)
 def test_entries_round_trip_through_redis_bytes(block_ids, groups, url, expires_at):
-    e = Entry(url, params=decode_reply(block_ids, groups), covered=Covered("text", "d" * 64, len(url)),
-              scope="s" * 64, expires_at=expires_at or 0.0)
+    e = Entry(
+        url,
+        params=decode_reply(block_ids, groups),
+        covered=Covered("text", "d" * 64, len(url)),
+        scope="s" * 64,
+        expires_at=expires_at or 0.0,
+    )
     back = Entry.from_bytes(e.to_bytes())
     assert back == e and same(back.params, decode_reply(block_ids, groups))
 
@@ -329,6 +359,7 @@ async def test_stores_replay_long_histories_exactly(store):
 
 
 # ---- the byte bound ------------------------------------------------------------------------------------------------
+
 
 async def test_memory_byte_bound_evicts_oldest_first():
     clock = Clock()
@@ -381,9 +412,18 @@ async def test_record_counts_evictions_and_bytes():
 
     def turn(key: str, messages: list[dict[str, Any]]) -> Turn:
         body = {"model": "m", "messages": messages}
-        return Turn(route=CHAT_ROUTE, path="/v1/chat/completions", body=body, model="m", stream=False,
-                    request_id="r", conversation_id=key, key=key, history=History.of_request(CHAT_ROUTE, body),
-                    scope=scope_digest(CHAT_ROUTE, body))
+        return Turn(
+            route=CHAT_ROUTE,
+            path="/v1/chat/completions",
+            body=body,
+            model="m",
+            stream=False,
+            request_id="r",
+            conversation_id=key,
+            key=key,
+            history=History.of_request(CHAT_ROUTE, body),
+            scope=scope_digest(CHAT_ROUTE, body),
+        )
 
     metrics = RouterMetrics()
     store = MemoryStore(max_entries=2)

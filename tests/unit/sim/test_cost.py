@@ -1,7 +1,6 @@
 """The cost model: zero by default, linear plus attention for prefill, bandwidth for transfers."""
 
 import pytest
-
 from duplex_sidecars.sim.cost import CostModel
 
 

@@ -1,19 +1,20 @@
 """The tokenizer and chat template: stable ids, and generated replies that round-trip into the next turn's prompt."""
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
+import pytest
 from duplex_sidecars.sim import generation
 from duplex_sidecars.sim.chat_template import TemplateError, assistant_header, render_chat
 from duplex_sidecars.sim.tokenizer import EOS, FIRST_WORD_ID, IM_END, split, token_id, tokenize
-
-import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 _text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=80)
 _role = st.sampled_from(["system", "user", "assistant", "tool"])
 _message = st.fixed_dictionaries(
     {"role": _role, "content": _text},
-    optional={"name": st.from_regex(r"[a-z_]{1,8}", fullmatch=True), "tool_call_id": st.from_regex(r"call_[0-9]{1,4}", fullmatch=True)},
+    optional={
+        "name": st.from_regex(r"[a-z_]{1,8}", fullmatch=True),
+        "tool_call_id": st.from_regex(r"call_[0-9]{1,4}", fullmatch=True),
+    },
 )
 
 
@@ -65,7 +66,9 @@ def test_generated_reply_round_trips_into_next_turn(history, max_tokens, follow_
     assert "".join(generation.chat_delta(i, t) for i, t in enumerate(reply.tokens)) == content
     assert tokenize(content) == list(reply.visible)
     # Decode's KV covers prompt + reply minus the last sampled token; the next turn's prompt must start with it.
-    next_prompt = render_chat(history + [{"role": "assistant", "content": content}, {"role": "user", "content": follow_up}])
+    next_prompt = render_chat(
+        history + [{"role": "assistant", "content": content}, {"role": "user", "content": follow_up}]
+    )
     kv_tokens = prompt + list(reply.tokens[:-1])
     assert next_prompt[: len(kv_tokens)] == kv_tokens
     if reply.finish_reason == "stop":
