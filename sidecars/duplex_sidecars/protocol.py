@@ -103,3 +103,27 @@ def decode_leg_body(client_body: dict[str, Any], prefill_params: dict[str, Any] 
     else:
         body.pop(KV_PARAMS_FIELD, None)
     return body
+
+
+def strip_kv_params(obj: Any) -> tuple[Any, bool]:
+    """Remove kv_transfer_params from a response object (top level and each choice), in place; returns the params
+    (the top level's first) and whether the field was there at all, even as null. Nothing engine-internal may reach
+    a client."""
+    if not isinstance(obj, dict):
+        return None, False
+    found = KV_PARAMS_FIELD in obj
+    params = obj.pop(KV_PARAMS_FIELD, None)
+    choices = obj.get("choices")
+    if isinstance(choices, list):
+        for choice in choices:
+            if isinstance(choice, dict) and KV_PARAMS_FIELD in choice:
+                found = True
+                nested = choice.pop(KV_PARAMS_FIELD)
+                if params is None:
+                    params = nested
+    return params, found
+
+
+def pop_kv_params(obj: Any) -> Any:
+    """`strip_kv_params`, returning only the params."""
+    return strip_kv_params(obj)[0]

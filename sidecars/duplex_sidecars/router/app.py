@@ -14,21 +14,22 @@ import aiohttp
 import aiohttp.abc
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from duplex_sidecars.http1.client import EngineClient
+from duplex_sidecars.http1.server import ClientGone, FrontServer, Limits, Request
+from duplex_sidecars.router import pipeline
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.config_file import ConfigError, ConfigSource
 from duplex_sidecars.router.endpoints import DECODE, PREFILL, Engines, HealthProber
 from duplex_sidecars.router.endpointslices import EndpointSliceWatcher
-from duplex_sidecars.router.engine_client import EngineClient
 from duplex_sidecars.router.errors import (
     RouterError,
     error_json,
     send_error,
     send_router_error,
 )
-from duplex_sidecars.router.forward import Forwarder
-from duplex_sidecars.router.front import ClientGone, FrontServer, Limits, Request
 from duplex_sidecars.router.legs import make_engine_client, make_session
 from duplex_sidecars.router.metrics import RouterMetrics
+from duplex_sidecars.router.picker import decode_picker, prefill_picker
 from duplex_sidecars.router.store import (
     MemoryStore,
     RedisStore,
@@ -64,11 +65,24 @@ class Router:
         self.engine_client: EngineClient = make_engine_client(resolver)  # the legs
         self.prober: HealthProber | None = None
         self.watcher: EndpointSliceWatcher | None = None
-        self.forwarder = Forwarder(self)
+        self.pickers = {PREFILL: prefill_picker(), DECODE: decode_picker()}
         self.engine_api_key = self._api_key(config)
+        self.deps = self._deps()
         self.generation = 1  # config generation, reported by /ready
         self._tasks: list[asyncio.Task[None]] = []
         self.engines.on_decode_removed(self._drop_departed)
+
+    def _deps(self) -> pipeline.Deps:
+        """What the request path gets: built again whenever the config changes, so a request sees one config."""
+        return pipeline.Deps(
+            config=self.config,
+            engines=self.engines,
+            pickers=self.pickers,
+            store=self.store,
+            client=self.engine_client,
+            metrics=self.metrics,
+            engine_api_key=self.engine_api_key,
+        )
 
     @staticmethod
     def _api_key(config: RouterConfig) -> str | None:
@@ -167,6 +181,7 @@ class Router:
             )
             self.prober._headers = self._probe_headers()
         self.config = new
+        self.deps = self._deps()
         self.generation += 1
         await self._use_endpoints(new)
 
@@ -219,7 +234,7 @@ async def _completions(router: Router, request: Request) -> None:
     try:
         raw = body_of(request, router.config.max_body_bytes)
         turn = parse_turn(request, raw, router.config.conversation, router.config.served_model_names)
-        status = await router.forwarder.handle(request, turn)
+        status = await pipeline.handle(router.deps, request, turn)
         if not turn.stream:
             elapsed = time.perf_counter() - turn.started
             router.metrics.ttft.labels(route, "false").observe(elapsed)
@@ -241,7 +256,7 @@ async def _models(router: Router, request: Request) -> None:
         data = [{"id": n, "object": "model", "created": 0, "owned_by": "duplex"} for n in names]
         request.respond(200, json.dumps({"object": "list", "data": data}).encode())
         return
-    engine = router.engines.decode.pick() or router.engines.prefill.pick()
+    engine = router.pickers[DECODE].pick(router.engines.decode) or router.pickers[PREFILL].pick(router.engines.prefill)
     if engine is None or router.session is None:
         send_error(request, 503, "No engines are available to list models.", "service_unavailable", 503)
         return

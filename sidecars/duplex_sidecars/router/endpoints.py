@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -39,14 +38,48 @@ class Engine:
     inflight: int = 0
     healthy: bool | None = None  # None: not probed yet
     last_error: str | None = None
+    # Decode: whether its last answer, streamed (True) or not (False), carried kv_transfer_params.
+    sends_params: dict[bool, bool] = field(default_factory=dict)
     _gauge: Any = field(default=None, repr=False)
 
+    def saw_params(self, stream: bool, present: bool) -> None:
+        """Note whether a decode answer carried kv_transfer_params; say so in the log when an engine stops sending
+        them (or never did), once per change."""
+        before = self.sends_params.get(stream)
+        self.sends_params[stream] = present
+        if present or before is False:
+            return
+        if stream:
+            log.warning(
+                "decode engine %s sent no kv_transfer_params in a streamed answer: a turn after a streamed turn "
+                "recomputes (vLLM streams the params from 0.33 on; older engines give reuse only after non-streamed "
+                'turns). Counted as duplex_router_kv_reuse_misses_total{reason="stream_no_params"}.',
+                self.url,
+            )
+        else:
+            log.warning(
+                "decode engine %s sent no kv_transfer_params: turns after it recompute (is bidirectional_kv_xfer "
+                'set on the engine?). Counted as duplex_router_kv_reuse_misses_total{reason="no_params"}.',
+                self.url,
+            )
+
     def describe(self) -> dict[str, Any]:
-        return {"url": self.url, "healthy": self.healthy, "inflight": self.inflight, "last_error": self.last_error}
+        out: dict[str, Any] = {
+            "url": self.url,
+            "healthy": self.healthy,
+            "inflight": self.inflight,
+            "last_error": self.last_error,
+        }
+        if self.role == DECODE:
+            out["kv_transfer_params"] = {
+                "streamed": self.sends_params.get(True),
+                "non_streamed": self.sends_params.get(False),
+            }
+        return out
 
 
 class EnginePool:
-    """The engines of one role. Picks the least loaded usable engine."""
+    """The engines of one role, with their in-flight counts and health (`picker` chooses among them)."""
 
     def __init__(self, role: str, metrics: RouterMetrics | None = None):
         self.role = role
@@ -64,6 +97,7 @@ class EnginePool:
                     self._metrics.inflight.remove(self.role, url)
                 except KeyError:
                     pass
+                self._metrics.forget_endpoint(url)
             engine._gauge = None
         for url in wanted:
             if url not in self.engines:
@@ -85,27 +119,6 @@ class EnginePool:
 
     def healthy_count(self) -> int:
         return sum(1 for e in self.engines.values() if e.healthy)
-
-    def pick(self, exclude: Iterable[str] = (), prefer: str | None = None) -> Engine | None:
-        """The engine for the next leg: `prefer` when it is usable, else the least loaded engine, trying healthy,
-        then not-yet-probed, then unhealthy engines, and engines in `exclude` only when nothing else is left."""
-        excluded = set(exclude)
-        preferred = self.engines.get(prefer) if prefer else None
-        if preferred is not None and preferred.healthy is not False and preferred.url not in excluded:
-            return preferred
-        others = [e for e in self.engines.values() if e.url not in excluded]
-        tiers = (
-            [e for e in others if e.healthy],
-            [e for e in others if e.healthy is None],
-            [e for e in others if e.healthy is False],
-            [e for e in self.engines.values() if e.url in excluded and e.healthy is not False],
-            [e for e in self.engines.values() if e.url in excluded],
-        )
-        for tier in tiers:
-            if tier:
-                low = min(e.inflight for e in tier)
-                return random.choice([e for e in tier if e.inflight == low])
-        return None
 
     @contextmanager
     def busy(self, engine: Engine) -> Iterator[Engine]:

@@ -9,7 +9,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from duplex_sidecars.router.front import Request
+    from duplex_sidecars.http1.server import Request
 
 
 class RouterError(Exception):

@@ -13,15 +13,14 @@ from typing import Any
 import aiohttp
 import aiohttp.abc
 
+from duplex_sidecars.http1.client import EngineClient, EngineConnectError, EngineResponse
 from duplex_sidecars.router import jsonio
+from duplex_sidecars.router.attempts import BROKEN, CONNECT, STATUS_4XX, STATUS_5XX, TIMEOUT, may_resend_stale
 from duplex_sidecars.router.config import TimeoutsConfig
-from duplex_sidecars.router.engine_client import EngineClient, EngineConnectError, EngineResponse
 
-CONNECT = "connect"  # nothing reached the engine
-TIMEOUT = "timeout"
-STATUS_5XX = "status_5xx"
-STATUS_4XX = "status_4xx"  # the client's fault as the engine sees it: passed through, never retried
-BROKEN = "broken_stream"  # connection dropped or the response is unreadable
+# A prefill carrying decode's blocks is never resent, so it only takes a pooled connection used this recently: an
+# engine closes idle keep-alive connections after its own timeout (vLLM's HTTP server: 5 s by default).
+REPLAY_MAX_IDLE_SECONDS = 1.0
 
 
 class LegFailure(Exception):
@@ -107,13 +106,30 @@ async def _status_failure(resp: EngineResponse) -> LegFailure:
 
 
 async def prefill(
-    client: EngineClient, base: str, path: str, body: bytes, headers: dict[str, str], timeouts: TimeoutsConfig
-) -> dict[str, Any]:
-    """Run the prefill leg (`body` is the JSON to send) on the engine at `base`; returns prefill's JSON reply."""
+    client: EngineClient,
+    base: str,
+    path: str,
+    body: bytes,
+    headers: dict[str, str],
+    timeouts: TimeoutsConfig,
+    *,
+    replay: bool = False,
+) -> tuple[dict[str, Any], bool]:
+    """Run the prefill leg (`body` is the JSON to send, carrying decode's blocks when `replay`) on the engine at
+    `base`; returns prefill's JSON reply and whether the request had to go out twice (a stale keep-alive
+    connection)."""
     resp: EngineResponse | None = None
     try:
         async with asyncio.timeout(timeouts.prefill_seconds):
-            resp = await client.post(base, path, body, headers, timeouts.connect_seconds)
+            resp = await client.post(
+                base,
+                path,
+                body,
+                headers,
+                timeouts.connect_seconds,
+                resend_stale=may_resend_stale(replay),
+                max_idle=REPLAY_MAX_IDLE_SECONDS if replay else None,
+            )
             if resp.status != 200:
                 raise await _status_failure(resp)
             raw = await resp.read()
@@ -129,7 +145,7 @@ async def prefill(
         raise LegFailure(BROKEN, f"prefill reply is not JSON: {exc}") from exc
     if not isinstance(reply, dict):
         raise LegFailure(BROKEN, "prefill reply is not a JSON object")
-    return reply
+    return reply, resp.resent
 
 
 async def open_decode(

@@ -17,6 +17,8 @@ MISS_REASONS: tuple[str, ...] = (
     "store_error",
     "not_replayable",
     "prefill_retry",
+    "no_params",
+    "stream_no_params",
 )
 
 
@@ -33,6 +35,12 @@ class _Children:
         if child is None:
             child = self._children[values] = self.metric.labels(*values)
         return child
+
+    def remove_where(self, position: int, value: str) -> None:
+        """Drop every label set whose value at `position` is `value` (an engine that left)."""
+        for values in [v for v in self._children if v[position] == value]:
+            del self._children[values]
+            self.metric.remove(*values)
 
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -96,12 +104,22 @@ class RouterMetrics:
         self.captures = _Children(
             Counter(
                 "duplex_router_kv_captures",
-                "Decode replies by what was stored: stored, not_replayable, no_params, not_stored (no id or failed).",
-                ["outcome"],
+                "Decode replies by what was stored (stored, not_replayable, no_params, store_error, not_stored: no id "
+                "or failed), by stream mode and decode engine.",
+                ["outcome", "stream", "endpoint"],
                 registry=r,
             )
         )
         self.retries = Counter("duplex_router_retries", "Leg retries, by leg.", ["leg"], registry=r)
+        self.resends = _Children(
+            Counter(
+                "duplex_router_leg_resends",
+                "Legs sent a second time because their pooled keep-alive connection was closed by the engine before "
+                "any answer (never a prefill carrying decode's blocks).",
+                ["leg"],
+                registry=r,
+            )
+        )
         self.backend_errors = Counter(
             "duplex_router_backend_errors",
             "Failed legs by leg and kind (connect, timeout, status_5xx, status_4xx, broken_stream).",
@@ -140,6 +158,10 @@ class RouterMetrics:
             "Bytes the memory store's entries are counted as against store.max_bytes, as of its last put or take.",
             registry=r,
         )
+
+    def forget_endpoint(self, url: str) -> None:
+        """Drop the per-engine series of an engine that left the endpoint set."""
+        self.captures.remove_where(2, url)
 
     def miss(self, reason: str) -> None:
         self.reuse_misses.labels(reason).inc()

@@ -1,37 +1,11 @@
-"""Decode's reply as the router sees it: the generated turn (assembled from SSE chunks or read from a JSON body) and
-decode's kv_transfer_params, which are taken out before anything reaches the client.
-"""
+"""Decode's reply as the router sees it: the generated turn, assembled from SSE chunks or read from a JSON body, as
+far as the next turn's prompt is concerned."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from duplex_sidecars.protocol import KV_PARAMS_FIELD
 from duplex_sidecars.router.history import CHAT_ROUTE, Reply
-
-
-def pop_kv_params(obj: Any) -> Any:
-    """Remove kv_transfer_params from a response object (top level and, defensively, each choice); return them."""
-    return strip_kv_params(obj)[0]
-
-
-def strip_kv_params(obj: Any) -> tuple[Any, bool]:
-    """Remove kv_transfer_params from a response object (top level and each choice); returns the params (the top
-    level's first) and whether the field was there at all, even as null."""
-    if not isinstance(obj, dict):
-        return None, False
-    found = KV_PARAMS_FIELD in obj
-    params = obj.pop(KV_PARAMS_FIELD, None)
-    choices = obj.get("choices")
-    if isinstance(choices, list):
-        for choice in choices:
-            if isinstance(choice, dict) and KV_PARAMS_FIELD in choice:
-                found = True
-                nested = choice.pop(KV_PARAMS_FIELD)
-                if params is None:
-                    params = nested
-    return params, found
-
 
 # A token delta with nothing but these keys carries only content.
 _PLAIN_DELTA_KEYS = frozenset({"role", "content"})

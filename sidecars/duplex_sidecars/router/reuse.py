@@ -1,5 +1,6 @@
-"""The reuse decision: whether a turn's prefill leg may replay the blocks decode retained after the previous turn,
-and what to record after decode answers. Any doubt is a miss (plain recompute), never an error.
+"""The reuse decision, as pure functions: whether a turn's prefill leg may replay the blocks decode retained after
+the previous turn (`decide`), and what to store after decode has answered (`after_decode`). Any doubt is a miss
+(plain recompute), never an error.
 
 With the tenant inside the store key, another tenant's state is simply absent: a foreign tenant's lookup is a
 `no_entry` miss, so there is no separate `tenant_mismatch` reason.
@@ -7,18 +8,28 @@ With the tenant inside the store key, another tenant's state is simply absent: a
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Container
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from duplex_sidecars import protocol
-from duplex_sidecars.router.endpoints import EnginePool
 from duplex_sidecars.router.history import Reply, reply_not_storable, request_not_storable
-from duplex_sidecars.router.metrics import RouterMetrics
-from duplex_sidecars.router.store import NOT_REPLAYABLE, Entry, Store, StoreError
+from duplex_sidecars.router.store import ENDPOINT_GONE, NOT_REPLAYABLE, Entry, StoreError
 from duplex_sidecars.router.turn import Turn
 
-log = logging.getLogger(__name__)
+# Tombstone reasons for a decode reply without params, so that the next turn's miss says why.
+NO_PARAMS = "no_params"  # decode sent no kv_transfer_params (not started with bidirectional_kv_xfer?)
+STREAM_NO_PARAMS = "stream_no_params"  # ... in a streamed answer (vLLM before 0.33 streams none)
+
+
+class _StoreFailed:
+    """The store did not answer the lookup (timed out, backing off, raised)."""
+
+    def __repr__(self) -> str:
+        return "STORE_FAILED"
+
+
+STORE_FAILED: Final = _StoreFailed()
 
 
 @dataclass(frozen=True)
@@ -26,43 +37,52 @@ class Decision:
     params: dict[str, Any] | None  # the prefill leg's kv_transfer_params on a hit
     reason: str | None  # the miss reason otherwise
     sticky_decode: str | None = None  # the decode engine that served the previous turn
-    tokens: int = 0
+    tokens: int = 0  # remote_num_tokens offered to prefill
+
+    @property
+    def hit(self) -> bool:
+        return self.params is not None
 
 
 def _miss(reason: str, sticky: str | None = None) -> Decision:
     return Decision(None, reason, sticky)
 
 
-async def lookup(store: Store, turn: Turn, decode_pool: EnginePool, metrics: RouterMetrics) -> Decision:
-    """Take the conversation's entry (single use) and decide. Never raises."""
+def needs_lookup(turn: Turn) -> Decision | None:
+    """The miss a turn gets without asking the store, or None when its entry must be taken."""
     if turn.key is None:
         return _miss("no_conversation_id")
     if turn.history is None:
-        # The entry stays: this request cannot use it, a later well-formed turn still may.
-        return _miss("not_replayable")
-    try:
-        entry = await store.take(turn.key)
-    except StoreError:
-        metrics.store_errors.labels("take").inc()
+        # The entry stays in the store: this request cannot use it, a later well-formed turn still may.
+        return _miss(NOT_REPLAYABLE)
+    return None
+
+
+def decide(turn: Turn, entry: Entry | _StoreFailed | None, decode_endpoints: Container[str]) -> Decision:
+    """Replay or miss for a turn whose entry was taken from the store (single use: it is gone from the store now)."""
+    early = needs_lookup(turn)
+    if early is not None:
+        return early
+    if isinstance(entry, _StoreFailed):
         return _miss("store_error")
     if entry is None:
         return _miss("no_entry")
-    _observe_bytes(store, metrics)
     sticky = entry.decode_url
     if not entry.replayable:
-        return _miss(entry.reason or NOT_REPLAYABLE, sticky if entry.reason != "endpoint_gone" else None)
+        reason = entry.reason or NOT_REPLAYABLE
+        return _miss(reason, None if reason == ENDPOINT_GONE else sticky)
     if entry.expired:
         return _miss("expired", sticky)
-    if entry.decode_url not in decode_pool:
-        return _miss("endpoint_gone")
+    if entry.decode_url not in decode_endpoints:
+        return _miss(ENDPOINT_GONE)
     if entry.scope != turn.scope:
         return _miss("scope_mismatch", sticky)
+    assert turn.history is not None  # needs_lookup
     if entry.covered is None or not turn.history.matches(entry.covered):
         return _miss("history_mismatch", sticky)
     try:
         stored = entry.params  # unpacked only here, on a hit
     except StoreError:
-        metrics.store_errors.labels("take").inc()
         return _miss("store_error", sticky)
     assert stored is not None
     params = protocol.replay_params(stored)
@@ -70,49 +90,31 @@ async def lookup(store: Store, turn: Turn, decode_pool: EnginePool, metrics: Rou
     return Decision(params, None, sticky, tokens if isinstance(tokens, int) else 0)
 
 
-async def record(
-    store: Store, turn: Turn, decode_url: str, kv_params: Any, reply: Reply, ttl: float, metrics: RouterMetrics
-) -> str:
-    """Store what decode retained after this turn (or a tombstone saying it cannot be replayed); returns the
-    capture outcome for metrics."""
+@dataclass(frozen=True)
+class Capture:
+    """What decode's answer leaves for the conversation's next turn."""
+
+    outcome: str  # the capture metric's outcome: stored, not_replayable, no_params, not_stored
+    entry: Entry | None  # what to store (an entry or a tombstone); None: nothing
+    why: str | None = None  # for the debug log
+
+
+def after_decode(turn: Turn, decode_url: str, kv_params: Any, reply: Reply) -> Capture:
+    """The entry to store after decode answered `reply` with `kv_params` (None when it sent none)."""
     if turn.key is None:
-        return "not_stored"
+        return Capture("not_stored", None)
+    if kv_params is None:
+        reason = STREAM_NO_PARAMS if turn.stream else NO_PARAMS
+        return Capture(NO_PARAMS, Entry(decode_url=decode_url, reason=reason), "decode returned no kv_transfer_params")
     replayable = protocol.replayable_decode_params(kv_params)
     why = None
-    if kv_params is None:
-        outcome, why = "no_params", "decode returned no kv_transfer_params"
-    elif replayable is None:
-        outcome, why = "not_replayable", "decode's kv_transfer_params are incomplete"
+    if replayable is None:
+        why = "decode's kv_transfer_params are incomplete"
     else:
-        outcome = "stored"
         why = request_not_storable(turn.route, turn.body) or reply_not_storable(turn.body, reply)
         if why is None and turn.history is None:
             why = "the request's history cannot be compared"
-        if why is not None:
-            outcome = "not_replayable"
-    if why is not None:
-        log.debug("request %s: not storing decode's blocks: %s", turn.request_id, why)
-        entry = Entry(decode_url=decode_url, reason=NOT_REPLAYABLE)
-    else:
-        assert turn.history is not None and replayable is not None
-        entry = Entry(
-            decode_url=decode_url,
-            params=replayable,
-            covered=turn.history.covered_with(reply),
-            scope=turn.scope,
-        )
-    try:
-        evicted = await store.put(turn.key, entry, ttl)
-    except StoreError:
-        metrics.store_errors.labels("put").inc()
-        return "store_error"
-    if evicted:
-        metrics.store_dropped.inc(evicted)
-    _observe_bytes(store, metrics)
-    return outcome
-
-
-def _observe_bytes(store: Store, metrics: RouterMetrics) -> None:
-    held = store.bytes_held()
-    if held is not None:
-        metrics.store_bytes.set(held)
+    if why is not None or turn.history is None or replayable is None:
+        return Capture(NOT_REPLAYABLE, Entry(decode_url=decode_url, reason=NOT_REPLAYABLE), why)
+    entry = Entry(decode_url=decode_url, params=replayable, covered=turn.history.covered_with(reply), scope=turn.scope)
+    return Capture("stored", entry)

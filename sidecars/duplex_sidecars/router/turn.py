@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +13,7 @@ from duplex_sidecars.protocol import KV_PARAMS_FIELD
 from duplex_sidecars.router import jsonio
 from duplex_sidecars.router.config import ConversationConfig
 from duplex_sidecars.router.errors import BadRequest, ModelNotFound, PayloadTooLarge
-from duplex_sidecars.router.front import Request
+from duplex_sidecars.router.exchange import Exchange
 from duplex_sidecars.router.history import (
     CHAT_ROUTE,
     COMPLETIONS_ROUTE,
@@ -49,77 +50,114 @@ class Turn:
         return jsonio.dumps(body, self.exact_json)
 
 
-def body_of(request: Request, max_bytes: int) -> bytes:
+def body_of(request: Exchange, max_bytes: int) -> bytes:
     """The request's body (the server stops reading at its limit; this one may have been lowered since)."""
     if len(request.body) > max_bytes:
         raise PayloadTooLarge(f"Request body of {len(request.body)} bytes exceeds the limit of {max_bytes} bytes.")
     return request.body
 
 
-def request_id_of(request: Request) -> str:
+def request_id_of(request: Exchange) -> str:
     """The client's X-Request-Id when it is a sane token, else a fresh one."""
-    given = request.headers.get("x-request-id", "")
+    given = request.header("x-request-id") or ""
     if 0 < len(given) <= 128 and _REQUEST_ID_OK.issuperset(given):
         return given
     return os.urandom(16).hex()
 
 
-def parse_turn(request: Request, raw: bytes, conversation: ConversationConfig, served_models: list[str]) -> Turn:
-    path = request.path
-    route = ROUTES[path]
-    try:
-        body, exact = jsonio.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise BadRequest("Request body must be a JSON object.", code="invalid_body")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest("'model' is required and must be a non-empty string.", code="missing_model")
-    if served_models and model not in served_models:
-        raise ModelNotFound(model)
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise BadRequest("'stream' must be a boolean.", code="invalid_type")
-    if route == CHAT_ROUTE:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' is required and must be a non-empty array.", code="invalid_messages")
-        if not all(isinstance(m, dict) for m in messages):
-            raise BadRequest("Each message must be an object.", code="invalid_messages")
-    elif body.get("prompt") is None:
-        raise BadRequest("'prompt' is required.", code="missing_prompt")
-    for field_name in ("max_tokens", "max_completion_tokens", "n"):
-        value = body.get(field_name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise BadRequest(f"'{field_name}' must be an integer.", code="invalid_type")
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
+
+# (field, required, check, message, code): what a body must satisfy before anything reaches an engine; null counts
+# as absent. Checked in this order, the model first (an unknown model is a 404 whatever else is wrong).
+FieldCheck = tuple[str, bool, Callable[[Any], bool], str, str]
+MODEL_CHECK: tuple[FieldCheck, ...] = (
+    ("model", True, lambda v: isinstance(v, str) and bool(v), "'model' is required and must be a non-empty string.",
+     "missing_model"),
+)  # fmt: skip
+ROUTE_CHECKS: dict[str, tuple[FieldCheck, ...]] = {
+    CHAT_ROUTE: (
+        ("messages", True, lambda v: isinstance(v, list) and bool(v),
+         "'messages' is required and must be a non-empty array.", "invalid_messages"),
+        ("messages", True, lambda v: all(isinstance(m, dict) for m in v), "Each message must be an object.",
+         "invalid_messages"),
+    ),
+    COMPLETIONS_ROUTE: (("prompt", True, lambda v: True, "'prompt' is required.", "missing_prompt"),),
+}  # fmt: skip
+OPTION_CHECKS: tuple[FieldCheck, ...] = (
+    ("stream", False, lambda v: isinstance(v, bool), "'stream' must be a boolean.", "invalid_type"),
+    ("max_tokens", False, _is_int, "'max_tokens' must be an integer.", "invalid_type"),
+    ("max_completion_tokens", False, _is_int, "'max_completion_tokens' must be an integer.", "invalid_type"),
+    ("n", False, _is_int, "'n' must be an integer.", "invalid_type"),
+)
+
+
+def check_fields(checks: tuple[FieldCheck, ...], body: dict[str, Any]) -> None:
+    """BadRequest for the first field that fails its check."""
+    for name, required, ok, message, code in checks:
+        value = body.get(name)
+        if value is None:
+            if required:
+                raise BadRequest(message, code=code)
+        elif not ok(value):
+            raise BadRequest(message, code=code)
+
+
+def _single_header(request: Exchange, name: str | None) -> str | None:
+    """A header that must appear at most once (it names a tenant or a conversation)."""
+    if not name:
+        return None
+    if request.repeated(name):
+        raise BadRequest(f"The {name} header must appear at most once.", code="duplicate_header")
+    return request.header(name)
+
+
+def conversation_of(request: Exchange, body: dict[str, Any], conversation: ConversationConfig) -> str | None:
+    """The conversation id from the body field (taken out of the body) or else the header; None without one."""
     conversation_id = None
     if conversation.body_field and conversation.body_field in body:
         value = body.pop(conversation.body_field)
         if value is not None and not isinstance(value, str):
             raise BadRequest(f"'{conversation.body_field}' must be a string.", code="invalid_type")
         conversation_id = value or None
-    if conversation_id is None and conversation.header:
-        conversation_id = request.header(conversation.header) or None
+    from_header = _single_header(request, conversation.header)
+    if conversation_id is None:
+        conversation_id = from_header or None
     if conversation_id is not None and len(conversation_id) > MAX_CONVERSATION_ID_CHARS:
         raise BadRequest(f"Conversation id longer than {MAX_CONVERSATION_ID_CHARS} characters.", code="invalid_value")
+    return conversation_id
+
+
+def parse_turn(request: Exchange, raw: bytes, conversation: ConversationConfig, served_models: list[str]) -> Turn:
+    """The turn a client request stands for; BadRequest (400) or ModelNotFound (404) when it cannot be served."""
+    route = ROUTES[request.path]
+    try:
+        body, exact = jsonio.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise BadRequest("Request body must be a JSON object.", code="invalid_body")
+    check_fields(MODEL_CHECK, body)
+    model = body["model"]
+    if served_models and model not in served_models:
+        raise ModelNotFound(model)
+    check_fields(OPTION_CHECKS[:1] + ROUTE_CHECKS[route] + OPTION_CHECKS[1:], body)
+    conversation_id = conversation_of(request, body, conversation)
+    tenant_header = _single_header(request, conversation.tenant_header)
     # Only the router decides what an engine reads or retains; a client must never steer it.
     body.pop(KV_PARAMS_FIELD, None)
 
     key = None
     if conversation_id is not None:
-        tenant = tenant_of(request.header(conversation.tenant_header))
-        key = state_key(tenant, model, conversation_id)
+        key = state_key(tenant_of(tenant_header), model, conversation_id)
     comparable = key is not None and exact  # digests are taken only of values read exactly
     return Turn(
         route=route,
-        path=path,
+        path=request.path,
         body=body,
         model=model,
-        stream=stream,
+        stream=bool(body.get("stream")),
         request_id=request_id_of(request),
         conversation_id=conversation_id,
         key=key,

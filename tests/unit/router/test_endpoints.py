@@ -1,8 +1,6 @@
-"""Engine choice (least outstanding, sticky decode, health tiers) and endpoint-set changes."""
+"""Engine pools: in-flight counts, health, and endpoint-set changes (choosing among them: test_picker.py)."""
 
 from __future__ import annotations
-
-from collections import Counter
 
 from duplex_sidecars.router.endpoints import DECODE, PREFILL, EnginePool, Engines, normalize_url
 from duplex_sidecars.router.metrics import RouterMetrics
@@ -14,45 +12,6 @@ def pool(*urls: str) -> EnginePool:
     for e in p.engines.values():
         e.healthy = True
     return p
-
-
-def test_least_outstanding_wins():
-    p = pool("http://a", "http://b", "http://c")
-    a, b, c = p.engines.values()
-    with p.busy(a), p.busy(a), p.busy(b):
-        assert p.pick() is c
-        with p.busy(c), p.busy(c), p.busy(c):
-            assert p.pick() is b
-    assert a.inflight == b.inflight == c.inflight == 0
-
-
-def test_ties_spread_the_load():
-    p = pool("http://a", "http://b")
-    assert set(Counter(p.pick().url for _ in range(200))) == {"http://a", "http://b"}
-
-
-def test_health_tiers_and_exclusion():
-    p = pool("http://a", "http://b", "http://c")
-    a, b, c = p.engines.values()
-    a.healthy, b.healthy, c.healthy = False, None, True
-    with p.busy(c), p.busy(c):
-        assert p.pick() is c  # healthy beats unprobed, whatever the load
-    assert p.pick(exclude=["http://c"]) is b
-    assert p.pick(exclude=["http://c", "http://b"]) is a  # unhealthy only as a last resort
-    one = pool("http://only")
-    assert one.pick(exclude=["http://only"]).url == "http://only"  # retry on the same engine if nothing else
-    assert pool().pick() is None
-
-
-def test_sticky_preference_unless_unhealthy_or_excluded():
-    p = pool("http://a", "http://b")
-    a, b = p.engines.values()
-    with p.busy(b), p.busy(b):
-        assert p.pick(prefer="http://b") is b
-        assert p.pick(prefer="http://b", exclude=["http://b"]) is a
-        b.healthy = False
-        assert p.pick(prefer="http://b") is a
-    assert p.pick(prefer="http://gone") in (a, b)
 
 
 def test_set_urls_keeps_state_and_reports_departures():

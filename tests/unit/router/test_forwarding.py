@@ -8,6 +8,7 @@ import socket
 import statistics
 import time
 
+import pytest
 from duplex_sidecars import protocol
 from duplex_sidecars.router.store import MemoryStore
 
@@ -157,15 +158,37 @@ async def test_changed_scope_is_a_miss(make_rig):
     assert rig.metric("duplex_router_kv_reuse_misses_total", reason="scope_mismatch") == 1
 
 
-async def test_decode_without_params_makes_next_turn_not_replayable(make_rig):
+@pytest.mark.parametrize("stream", [True, False])
+async def test_decode_without_params_gives_the_next_turn_its_own_miss_reason(make_rig, stream, caplog):
+    # vLLM before 0.33 streams no kv_transfer_params: the cause must be visible where an operator looks (the next
+    # turn's miss reason, the capture per engine and mode, one log line per engine, /ready).
     rig = await make_rig()
-    rig.d.actions = ["no_params"]
-    _, _, text = await rig.chat([USER], stream=True)
+    rig.d.actions = ["no_params", "no_params"]
+    _, _, text = await rig.chat([USER], stream=stream)
     history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
-    await rig.chat(history)
+    await rig.chat(history, stream=stream)
     assert kv_in(rig.p.seen[1]) == protocol.miss_params()
-    assert rig.metric("duplex_router_kv_captures_total", outcome="no_params") == 1
-    assert rig.metric("duplex_router_kv_reuse_misses_total", reason="not_replayable") == 1
+    mode = "true" if stream else "false"
+    assert rig.metric("duplex_router_kv_captures_total", outcome="no_params", stream=mode, endpoint=rig.d.url) == 2
+    reason = "stream_no_params" if stream else "no_params"
+    assert rig.metric("duplex_router_kv_reuse_misses_total", reason=reason) == 1
+    assert rig.metric("duplex_router_kv_reuse_misses_total", reason="not_replayable") == 0
+    warnings = [r for r in caplog.records if "sent no kv_transfer_params" in r.getMessage()]
+    assert len(warnings) == 1 and rig.d.url in warnings[0].getMessage()  # once per engine, not per turn
+    async with rig.session.get(rig.url + "/ready") as resp:
+        ready = await resp.json()
+    seen = ready["decode"]["endpoints"][0]["kv_transfer_params"]
+    assert seen == {"streamed": False, "non_streamed": None} if stream else {"streamed": None, "non_streamed": False}
+
+
+async def test_a_streamed_turn_with_params_still_reuses(make_rig):
+    rig = await make_rig()
+    await two_turns(rig, stream=True)
+    assert rig.metric("duplex_router_kv_reuse_hits_total") == 1
+    assert rig.metric("duplex_router_kv_captures_total", outcome="stored", stream="true", endpoint=rig.d.url) == 2
+    async with rig.session.get(rig.url + "/ready") as resp:
+        ready = await resp.json()
+    assert ready["decode"]["endpoints"][0]["kv_transfer_params"] == {"streamed": True, "non_streamed": None}
 
 
 async def test_reasoning_reply_is_not_replayed(make_rig):

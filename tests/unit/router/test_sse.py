@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from duplex_sidecars.router.reply import ReplyCollector, pop_kv_params, reply_of_body
+from duplex_sidecars.protocol import pop_kv_params
+from duplex_sidecars.router.reply import ReplyCollector, reply_of_body
 from duplex_sidecars.router.sse import SSEParser
 from hypothesis import given
 from hypothesis import strategies as st
@@ -138,9 +139,9 @@ def test_body_reply_and_param_stripping():
 
 
 def test_stream_relay_strips_params_and_holds_the_final_chunk():
-    from duplex_sidecars.router.forward import _StreamRelay
+    from duplex_sidecars.router.relay import StreamRelay
 
-    relay = _StreamRelay(ReplyCollector("chat"))
+    relay = StreamRelay(ReplyCollector("chat"))
     parser = SSEParser()
     first = relay.take(parser.feed(b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n: ping\n\n'))
     assert first == b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n: ping\n\n'  # untouched bytes
@@ -159,9 +160,9 @@ def test_stream_relay_strips_params_and_holds_the_final_chunk():
 
 
 def test_stream_relay_drops_unparseable_events_that_mention_params():
-    from duplex_sidecars.router.forward import _StreamRelay
+    from duplex_sidecars.router.relay import StreamRelay
 
-    relay = _StreamRelay(None)
+    relay = StreamRelay(None)
     out = relay.take(SSEParser().feed(b'data: {"kv_transfer_params": broken\n\ndata: plain text\n\n'))
     assert out == b"data: plain text\n\n"
 
@@ -214,7 +215,7 @@ def _has_kv(obj) -> bool:
     text=st.text(max_size=8),
 )
 def test_a_chunk_carrying_kv_params_is_always_stripped(kv, position, nested, seps, escape, collect, text):
-    from duplex_sidecars.router.forward import _StreamRelay
+    from duplex_sidecars.router.relay import StreamRelay
 
     choice = {"index": 0, "delta": {"content": text}, "finish_reason": "stop"}
     chunk = {"id": "x", "object": "chat.completion.chunk", "choices": [choice]}
@@ -227,7 +228,7 @@ def test_a_chunk_carrying_kv_params_is_always_stripped(kv, position, nested, sep
     first = b"data: " + json.dumps(plain).encode() + b"\n\n"
     stream = first + b"data: " + _encode(chunk, seps, escape) + b"\n\ndata: [DONE]\n\n"
 
-    relay = _StreamRelay(ReplyCollector("chat") if collect else None)
+    relay = StreamRelay(ReplyCollector("chat") if collect else None)
     out = bytes(relay.take(SSEParser().feed(stream))) + bytes(relay.held)
     assert relay.finished and out.startswith(first)  # an event without the params goes out byte for byte
     events = [json.loads(e.data) for e in run([out])]
@@ -239,21 +240,21 @@ def test_a_chunk_carrying_kv_params_is_always_stripped(kv, position, nested, sep
 
 
 def test_chunks_without_params_are_relayed_untouched_and_only_parsed_when_collecting():
-    from duplex_sidecars.router.forward import _StreamRelay
+    from duplex_sidecars.router.relay import StreamRelay
 
     weird = b'data: {"choices": [{"index": 0, "delta": {"content": "x"}}],   "note": "spaced"}\n\n'
     for collector in (None, ReplyCollector("chat")):
-        relay = _StreamRelay(collector)
+        relay = StreamRelay(collector)
         assert relay.take(SSEParser().feed(weird)) == weird
     mention = b'data: {"choices": [{"index": 0, "delta": {"content": "the kv_transfer_params field"}}]}\n\n'
-    relay = _StreamRelay(None)
+    relay = StreamRelay(None)
     assert relay.take(SSEParser().feed(mention)) == mention  # named in the text only: nothing to strip
 
 
 def test_events_that_are_not_utf8_are_read_as_replacement_characters():
-    from duplex_sidecars.router.forward import _StreamRelay
+    from duplex_sidecars.router.relay import StreamRelay
 
-    relay = _StreamRelay(ReplyCollector("chat"))
+    relay = StreamRelay(ReplyCollector("chat"))
     event = b'data: {"choices":[{"index":0,"delta":{"content":"a\xffb"},"finish_reason":"stop"}]}\n\n'
     assert relay.take(SSEParser().feed(event + b"data: [DONE]\n\n")) == event
     assert relay.collector.reply().content == "a\ufffdb"
@@ -261,9 +262,9 @@ def test_events_that_are_not_utf8_are_read_as_replacement_characters():
 
 def _relay_all(chunks: list[bytes], collect: bool, plain: bool):
     """What the router's stream relay makes of `chunks`: the bytes sent (and held), the reply, the params."""
-    from duplex_sidecars.router.forward import _StreamRelay
+    from duplex_sidecars.router.relay import StreamRelay
 
-    relay, parser, out = _StreamRelay(ReplyCollector("chat") if collect else None), SSEParser(), bytearray()
+    relay, parser, out = StreamRelay(ReplyCollector("chat") if collect else None), SSEParser(), bytearray()
     for chunk in chunks:
         batch = relay.take_plain(parser, chunk) if plain else None
         if batch is None:

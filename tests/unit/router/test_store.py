@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 from duplex_sidecars import protocol
-from duplex_sidecars.router import reuse
 from duplex_sidecars.router.history import Covered
 from duplex_sidecars.router.store import (
     ENDPOINT_GONE,
@@ -405,7 +404,9 @@ async def test_expiry_is_not_counted_as_eviction():
 
 
 async def test_record_counts_evictions_and_bytes():
-    from duplex_sidecars.router.endpoints import EnginePool
+    from duplex_sidecars.router import pipeline
+    from duplex_sidecars.router.config import RouterConfig
+    from duplex_sidecars.router.endpoints import DECODE, Engine, Engines
     from duplex_sidecars.router.history import CHAT_ROUTE, History, Reply, scope_digest
     from duplex_sidecars.router.metrics import RouterMetrics
     from duplex_sidecars.router.turn import Turn
@@ -427,18 +428,25 @@ async def test_record_counts_evictions_and_bytes():
 
     metrics = RouterMetrics()
     store = MemoryStore(max_entries=2)
+    engines = Engines(metrics)
+    engines.set_role(DECODE, [D1])
+    deps = pipeline.Deps(RouterConfig(), engines, {}, store, None, metrics)  # type: ignore[arg-type]
     first = [{"role": "user", "content": "hi"}]
     reply = {"do_remote_decode": True, "do_remote_prefill": False, **decode_reply(list(range(1, 2049)))}
     answer = Reply(content="hello", finish_reason="length")
     for key in ("a", "b", "c"):
-        assert await reuse.record(store, turn(key, first), D1, reply, answer, 60, metrics) == "stored"
+        await pipeline.record(deps, turn(key, first), Engine(D1, DECODE), reply, answer)
+    assert (
+        metrics.registry.get_sample_value(
+            "duplex_router_kv_captures_total", {"outcome": "stored", "stream": "false", "endpoint": D1}
+        )
+        == 3
+    )
     assert metrics.registry.get_sample_value("duplex_router_store_dropped_entries_total") == 1
     assert metrics.registry.get_sample_value("duplex_router_store_bytes") == store.bytes_held() > 0
 
-    decode_pool = EnginePool("decode")
-    decode_pool.set_urls([D1])
     follow_up = first + [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
-    decision = await reuse.lookup(store, turn("c", follow_up), decode_pool, metrics)
+    decision = await pipeline.lookup(deps, turn("c", follow_up))
     assert decision.reason is None and same(decision.params, protocol.replay_params(reply))
     assert metrics.registry.get_sample_value("duplex_router_store_bytes") == store.bytes_held()
 

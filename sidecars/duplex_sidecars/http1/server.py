@@ -60,6 +60,7 @@ class Request:
     __slots__ = (
         "_conn",
         "_head_only",
+        "_repeated",
         "body",
         "finished",
         "headers",
@@ -72,8 +73,17 @@ class Request:
         "status",
     )
 
-    def __init__(self, conn: _Connection, method: str, url: bytes, headers: dict[str, str], http11: bool):
+    def __init__(
+        self,
+        conn: _Connection,
+        method: str,
+        url: bytes,
+        headers: dict[str, str],
+        http11: bool,
+        repeated: set[str] | None = None,
+    ):
         self._conn = conn
+        self._repeated = repeated
         self.method = method
         path, _, query = url.partition(b"?")
         self.path = path.decode("latin-1")
@@ -90,6 +100,10 @@ class Request:
     def header(self, name: str) -> str | None:
         """A request header by case-insensitive name (repeated headers joined with ", ")."""
         return self.headers.get(name.lower())
+
+    def repeated(self, name: str) -> bool:
+        """Whether the header came more than once."""
+        return self._repeated is not None and name.lower() in self._repeated
 
     @property
     def client_gone(self) -> bool:
@@ -188,6 +202,7 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self._url = b""
         self._headers: dict[str, str] = {}
+        self._repeated: set[str] | None = None  # names of headers that came more than once
         self._in_head = False  # between the start of a request and the end of its head
         self._began = False  # ... and the request began in the data being fed now
         self._head_bytes = 0
@@ -275,6 +290,7 @@ class _Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._url = b""
         self._headers = {}
+        self._repeated = None
         self._in_head = True
         self._began = True
         self._head_bytes = 0
@@ -291,7 +307,13 @@ class _Connection(asyncio.Protocol):
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         old = self._headers.get(key)
-        self._headers[key] = text if old is None else f"{old}, {text}"
+        if old is None:
+            self._headers[key] = text
+        else:
+            self._headers[key] = f"{old}, {text}"
+            if self._repeated is None:
+                self._repeated = set()
+            self._repeated.add(key)
 
     def _count(self, n: int) -> None:
         self._head_bytes += n
@@ -336,7 +358,12 @@ class _Connection(asyncio.Protocol):
             return
         parser = self._parser
         request = Request(
-            self, parser.get_method().decode("latin-1"), self._url, self._headers, parser.get_http_version() == "1.1"
+            self,
+            parser.get_method().decode("latin-1"),
+            self._url,
+            self._headers,
+            parser.get_http_version() == "1.1",
+            self._repeated,
         )
         request.keep_alive = parser.should_keep_alive()
         if self._too_large:

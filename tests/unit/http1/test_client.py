@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from duplex_sidecars.router import engine_client as ec
-from duplex_sidecars.router.engine_client import EngineClient, EngineConnectError, EngineDisconnected, EngineResponse
+from duplex_sidecars.http1 import client as ec
+from duplex_sidecars.http1.client import EngineClient, EngineConnectError, EngineDisconnected, EngineResponse
 
 from .rawhttp import HeaderLookup, until
 
@@ -531,11 +531,43 @@ async def test_reused_connection_closed_unanswered_is_retried_on_a_fresh_one(ser
     assert await first.read() == b"first"
     assert client.connections() == (1, 0)
     second = await post(client, server, b"two")
-    assert second.status == 200
+    assert second.status == 200 and second.resent  # the leg counts the resend
     assert await second.read() == b"fresh"
     assert server.accepted == 2
     assert [(r.peer, r.body) for r in server.requests] == [(0, b"one"), (0, b"two"), (1, b"two")]
     assert client.connections() == (1, 0)
+
+
+async def test_no_resend_when_the_caller_forbids_it(serve, client):
+    # A prefill carrying decode's blocks: the engine may have read the request, so it must not go out twice.
+    async def handler(peer: Peer) -> None:
+        await peer.request()
+        await peer.send(ok(b"first"))
+        await peer.request()
+        peer.close()  # the kept connection closes without an answer
+
+    server = await serve(handler)
+    first = await post(client, server, b"one")
+    assert await first.read() == b"first" and not first.resent
+    with pytest.raises(EngineDisconnected, match="pooled keep-alive"):
+        await client.post(server.base, "/v1/completions", b"two", {}, 1.0, resend_stale=False)
+    assert server.accepted == 1 and [r.body for r in server.requests] == [b"one", b"two"]
+
+
+async def test_max_idle_skips_connections_idle_too_long(serve, client):
+    async def handler(peer: Peer) -> None:
+        while await peer.request() is not None:
+            await peer.send(ok(b"from %d" % peer.index))
+
+    server = await serve(handler)
+    assert await (await post(client, server)).read() == b"from 0"
+    await asyncio.sleep(0.2)
+    resp = await client.post(server.base, "/v1/completions", b"x", {}, 1.0, max_idle=0.1)
+    assert await resp.read() == b"from 1"  # a fresh connection: the pooled one had been idle for 0.2 s
+    assert client.connections() == (2, 0)  # the older one stays pooled for requests that accept it
+    resp = await client.post(server.base, "/v1/completions", b"x", {}, 1.0, max_idle=5.0)
+    assert await resp.read() == b"from 1"  # the most recently used one
+    assert server.accepted == 2
 
 
 async def test_retry_happens_only_once(serve, client):
@@ -944,7 +976,7 @@ async def test_client_close_aborts_idle_and_busy_connections(serve, client):
 
 
 async def test_an_endless_response_head_is_cut_off(serve, client):
-    from duplex_sidecars.router.engine_client import MAX_HEADER_BYTES
+    from duplex_sidecars.http1.client import MAX_HEADER_BYTES
 
     async def handler(peer: Peer) -> None:
         await peer.request()

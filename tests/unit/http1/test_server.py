@@ -16,8 +16,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from duplex_sidecars.router import front
-from duplex_sidecars.router.front import (
+from duplex_sidecars.http1 import server as front
+from duplex_sidecars.http1.server import (
     MAX_HEAD_BYTES,
     ClientGone,
     FrontServer,

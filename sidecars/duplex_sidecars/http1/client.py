@@ -69,10 +69,12 @@ class EngineResponse:
         "_waiter",
         "closed",
         "headers",
+        "resent",
         "status",
     )
 
     def __init__(self, conn: _Connection, status: int, headers: list[tuple[bytes, bytes]]):
+        self.resent = False  # the request went out a second time, after a stale keep-alive connection
         self.status = status
         self.headers = headers
         self._conn: _Connection | None = conn
@@ -328,26 +330,41 @@ class EngineClient:
         self._closed = False
 
     async def post(
-        self, base: str, path: str, body: bytes, headers: dict[str, str], connect_timeout: float
+        self,
+        base: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        connect_timeout: float,
+        *,
+        resend_stale: bool = True,
+        max_idle: float | None = None,
     ) -> EngineResponse:
         """POST `body` to base + path; returns once the response's status and headers are in. Raises
-        EngineConnectError when no connection could be made, EngineDisconnected when the exchange broke off."""
+        EngineConnectError when no connection could be made, EngineDisconnected when the exchange broke off.
+
+        A pooled keep-alive connection may turn out closed by the engine (its keep-alive timeout) just as the request
+        goes out, before any answer: with `resend_stale` the request goes out once more on a fresh connection and the
+        response says so (`resent`); without, that is an EngineDisconnected like any other. `max_idle` limits which
+        pooled connections are used at all (seconds idle), for requests that must not meet a stale one."""
         origin = self._origins.get(base)
         if origin is None:
             origin = self._origins[base] = _Origin(base)
         head = _request_head(origin, path, len(body), headers)
         message = head + body if len(body) < 65536 else None
-        conn = self._take_idle(origin)
+        conn = self._take_idle(origin, max_idle)
+        resent = False
         if conn is not None:
             try:
                 return await self._exchange(conn, message, head, body)
-            except EngineDisconnected:
-                # The engine may have closed the idle connection just as the request went out (its keep-alive
-                # timeout): nothing was answered, so one fresh connection gets the request.
-                if conn.received:
-                    raise
+            except EngineDisconnected as exc:
+                if conn.received or not resend_stale:
+                    raise EngineDisconnected(f"{exc} (on a pooled keep-alive connection)") from exc
+                resent = True
         conn = await self._connect(origin, connect_timeout)
-        return await self._exchange(conn, message, head, body)
+        resp = await self._exchange(conn, message, head, body)
+        resp.resent = resent
+        return resp
 
     async def _exchange(self, conn: _Connection, message: bytes | None, head: bytes, body: bytes) -> EngineResponse:
         self._busy.add(conn)
@@ -363,10 +380,14 @@ class EngineClient:
             conn.abort()  # cancelled or failed with the request in flight: the connection's state is unknown
             raise
 
-    def _take_idle(self, origin: _Origin) -> _Connection | None:
+    def _take_idle(self, origin: _Origin, max_idle: float | None = None) -> _Connection | None:
+        """The most recently used idle connection; none when even that one has been idle for over `max_idle`
+        (the others stay pooled for requests that accept them)."""
         idle = self._idle.get(origin.key)
         now = time.monotonic()
         while idle:
+            if max_idle is not None and now - idle[-1].idle_since > max_idle:
+                return None
             conn = idle.pop()
             if conn.closed or conn.transport is None or conn.transport.is_closing():
                 continue

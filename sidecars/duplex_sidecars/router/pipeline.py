@@ -1,0 +1,411 @@
+"""The request path: one client request, already read into a `Turn`, through prefill and decode.
+
+  1. lookup   Take the conversation's entry from the store (single use) and decide: replay decode's retained
+              blocks, or a miss with its reason (`reuse.decide`).
+  2. prefill  The one-token prefill leg. On a hit it carries decode's blocks, which prefill reads over NIXL
+              (D->P); otherwise the miss payload makes it compute the prompt. Failures are retried as `attempts`
+              says: only the first try replays, and a failed replay is owed one recompute.
+  3. decode   The decode leg, with prefill's kv_transfer_params, on the decode engine that holds the conversation
+              (sticky) when it can. A failure before the client has seen a byte goes back to 2: prefill's blocks
+              serve one decode read, so a decode retry needs a fresh prefill.
+  4. relay    Decode's answer to the client, kv_transfer_params taken out: a JSON body, or SSE events as they come
+              (`relay.StreamRelay`); the end of a stream is held back until 5 is done.
+  5. record   What decode retained after this turn, stored under the conversation for its next turn
+              (`reuse.after_decode`). With a store that never waits it is stored right after the client's last
+              byte (nothing else runs in between), otherwise right before it; either way the next turn finds it.
+
+The steps are marked `# 1.` to `# 5.` below. Everything a request uses comes in through `Deps`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from duplex_sidecars import protocol
+from duplex_sidecars.http1.client import EngineClient, EngineResponse
+from duplex_sidecars.router import attempts, jsonio, legs, reuse
+from duplex_sidecars.router.attempts import BROKEN, CONNECT, STATUS_4XX, TIMEOUT
+from duplex_sidecars.router.config import RouterConfig
+from duplex_sidecars.router.endpoints import DECODE, PREFILL, Engine, Engines
+from duplex_sidecars.router.errors import BackendFailed, BackendUnavailable, RouterError, sse_error_event
+from duplex_sidecars.router.exchange import Exchange
+from duplex_sidecars.router.history import Reply
+from duplex_sidecars.router.legs import LegFailure
+from duplex_sidecars.router.metrics import RouterMetrics
+from duplex_sidecars.router.picker import Hints, Picker
+from duplex_sidecars.router.relay import DONE_EVENT, StreamRelay
+from duplex_sidecars.router.reply import ReplyCollector, reply_of_body
+from duplex_sidecars.router.sse import SSEParser
+from duplex_sidecars.router.store import Store, StoreError
+from duplex_sidecars.router.turn import Turn
+
+log = logging.getLogger(__name__)
+
+_END_OF_BODY_SECONDS = 5.0  # how long a finished decode stream may take to end its body before its connection closes
+
+
+@dataclass(frozen=True)
+class Deps:
+    """What the request path may use; the router builds a new one when its config is reloaded."""
+
+    config: RouterConfig
+    engines: Engines
+    pickers: dict[str, Picker]
+    store: Store
+    client: EngineClient
+    metrics: RouterMetrics
+    engine_api_key: str | None = None
+
+
+@dataclass
+class Context:
+    """One request on its way through the steps."""
+
+    turn: Turn
+    exchange: Exchange
+    decision: reuse.Decision = field(default_factory=lambda: reuse.Decision(None, None))
+    failures: list[LegFailure] = field(default_factory=list)  # decode's, for the final error
+
+
+async def handle(deps: Deps, exchange: Exchange, turn: Turn) -> int:
+    """Answer the request through prefill and decode; returns the HTTP status the client got."""
+    if len(deps.engines.prefill) == 0:
+        raise BackendUnavailable("No prefill engines are available.")
+    if len(deps.engines.decode) == 0:
+        raise BackendUnavailable("No decode engines are available.")
+    ctx = Context(turn, exchange)
+    ctx.decision = await lookup(deps, turn)  # 1.
+    tried: set[str] = set()
+    attempt = 0
+    while True:
+        prefill_params = await prefill(deps, ctx, attempt)  # 2.
+        # 3. decode, on the engine holding the conversation on the first try
+        sticky = ctx.decision.sticky_decode if attempt == 0 else None
+        engine = deps.pickers[DECODE].pick(deps.engines.decode, Hints(frozenset(tried), sticky))
+        if engine is None:
+            raise BackendUnavailable("No decode engines are available.")
+        tried.add(engine.url)
+        try:
+            await decode(deps, ctx, engine, attempt, prefill_params)  # 3. to 5.
+            return exchange.status
+        except LegFailure as failure:
+            ctx.failures.append(decode_failed(deps, turn, engine, failure))
+            if not attempts.may_retry_decode(attempt, failure.kind, exchange.started, deps.config.decode_retries):
+                raise leg_error(DECODE, ctx.failures) from None
+            deps.metrics.retries.labels(DECODE).inc()
+            attempt += 1
+
+
+# ---- 1. lookup ------------------------------------------------------------------------------------------------------
+
+
+async def lookup(deps: Deps, turn: Turn) -> reuse.Decision:
+    """Take the conversation's entry (single use) and decide; never raises."""
+    decision = reuse.needs_lookup(turn)
+    if decision is None:
+        assert turn.key is not None
+        entry: Any
+        try:
+            entry = await deps.store.take(turn.key)
+        except StoreError:
+            deps.metrics.store_errors.labels("take").inc()
+            entry = reuse.STORE_FAILED
+        else:
+            if entry is not None:
+                observe_store_bytes(deps)
+        decision = reuse.decide(turn, entry, deps.engines.decode)
+    if not decision.hit:
+        deps.metrics.miss(decision.reason or "no_entry")
+    log.debug(
+        "request %s conv=%s: %s",
+        turn.request_id,
+        turn.key and turn.key[:12],
+        "replay" if decision.hit else f"miss ({decision.reason})",
+    )
+    return decision
+
+
+# ---- 2. prefill -----------------------------------------------------------------------------------------------------
+
+
+async def prefill(deps: Deps, ctx: Context, decode_attempt: int) -> dict[str, Any] | None:
+    """The prefill leg with its retries; returns prefill's kv_transfer_params (None: decode recomputes)."""
+    turn, cfg, metrics = ctx.turn, deps.config, deps.metrics
+    pool = deps.engines.prefill
+    failures: list[LegFailure] = []
+    tried: set[str] = set()
+    replay_failed = False
+    current: attempts.PrefillAttempt | None = attempts.first_prefill(decode_attempt, ctx.decision.hit)
+    while current is not None:
+        engine = deps.pickers[PREFILL].pick(pool, Hints(frozenset(tried)))
+        if engine is None:
+            break
+        tried.add(engine.url)
+        kv = ctx.decision.params if current.replay and ctx.decision.params is not None else protocol.miss_params()
+        body = turn.encode(protocol.prefill_leg_body(turn.body, kv))
+        suffix = (f"-d{decode_attempt}" if decode_attempt else "") + (f"-p{current.number}" if current.number else "")
+        headers = legs.leg_headers(turn.request_id + suffix, deps.engine_api_key)
+        started = time.perf_counter()
+        try:
+            with pool.busy(engine):
+                reply, resent = await legs.prefill(
+                    deps.client, engine.url, turn.path, body, headers, cfg.timeouts, replay=current.replay
+                )
+        except LegFailure as failure:
+            metrics.backend_errors.labels(PREFILL, failure.kind).inc()
+            failures.append(failure)
+            log.warning(
+                "request %s: prefill leg on %s failed%s: %s",
+                turn.request_id,
+                engine.url,
+                " while replaying decode's blocks" if current.replay else "",
+                failure.detail,
+            )
+            if failure.kind == CONNECT:
+                pool.mark(engine, False, failure.detail)
+            if current.replay:
+                metrics.miss("prefill_retry")
+                replay_failed = True
+            current = attempts.next_prefill(current, failure.kind, replay_failed, cfg.prefill_retries)
+            if current is not None:
+                metrics.retries.labels(PREFILL).inc()
+            continue
+        if resent:
+            metrics.resends.labels(PREFILL).inc()
+        metrics.leg_duration.labels(PREFILL).observe(time.perf_counter() - started)
+        if current.replay:
+            metrics.reuse_hits.inc()
+            metrics.reused_tokens.inc(ctx.decision.tokens)
+        params = reply.get(protocol.KV_PARAMS_FIELD)
+        if not isinstance(params, dict):
+            log.info(
+                "request %s: prefill on %s returned no kv_transfer_params; decode recomputes",
+                turn.request_id,
+                engine.url,
+            )
+            return None
+        return params
+    if not failures:
+        raise BackendUnavailable("No prefill engines are available.")
+    raise leg_error(PREFILL, failures)
+
+
+# ---- 3. decode ------------------------------------------------------------------------------------------------------
+
+
+async def decode(deps: Deps, ctx: Context, engine: Engine, attempt: int, prefill_params: dict[str, Any] | None) -> None:
+    """Open the decode leg on `engine` and relay its answer (4.), which records the turn (5.). LegFailure when the
+    leg failed before the client saw a byte."""
+    turn = ctx.turn
+    pool = deps.engines.decode
+    body = turn.encode(protocol.decode_leg_body(turn.body, prefill_params))
+    headers = legs.leg_headers(turn.request_id + (f"-d{attempt}" if attempt else ""), deps.engine_api_key)
+    started = time.perf_counter()
+    with pool.busy(engine):
+        resp = await legs.open_decode(deps.client, engine.url, turn.path, body, headers, deps.config.timeouts)
+        if resp.resent:
+            deps.metrics.resends.labels(DECODE).inc()
+        deps.metrics.leg_duration.labels(DECODE).observe(time.perf_counter() - started)
+        # The relay gives the connection back when it is done with the response. Anything else closes it: dropping
+        # the connection makes the engine abort the request.
+        try:
+            if turn.stream:
+                await relay_stream(deps, ctx, engine, resp)
+            else:
+                await relay_body(deps, ctx, engine, resp)
+        except BaseException:
+            resp.close()
+            raise
+
+
+def decode_failed(deps: Deps, turn: Turn, engine: Engine, failure: LegFailure) -> LegFailure:
+    deps.metrics.backend_errors.labels(DECODE, failure.kind).inc()
+    log.warning("request %s: decode leg on %s failed: %s", turn.request_id, engine.url, failure.detail)
+    if failure.kind == CONNECT:
+        deps.engines.decode.mark(engine, False, failure.detail)
+    return failure
+
+
+# ---- 4. relay -------------------------------------------------------------------------------------------------------
+
+
+async def relay_body(deps: Deps, ctx: Context, engine: Engine, resp: EngineResponse) -> None:
+    turn, exchange = ctx.turn, ctx.exchange
+    raw = await legs.read_body(resp, deps.config.timeouts.decode_idle_seconds)
+    resp.release()  # read to its end: the connection goes back to the pool
+    try:
+        body, exact = jsonio.loads(raw)
+    except ValueError as exc:
+        raise LegFailure(BROKEN, f"decode reply is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise LegFailure(BROKEN, "decode reply is not a JSON object")
+    kv_params = protocol.pop_kv_params(body)
+    # A reply only the lenient parser could read (NaN, ...) is relayed but not compared: a tombstone is stored.
+    reply = reply_of_body(turn.route, body) if exact else Reply(choices=0)
+    out = jsonio.dumps(body, exact)
+    await answer_and_record(
+        deps,
+        ctx,
+        engine,
+        kv_params,
+        reply,
+        lambda: exchange.respond(200, out, headers={"X-Request-Id": turn.request_id}),
+    )
+
+
+async def relay_stream(deps: Deps, ctx: Context, engine: Engine, resp: EngineResponse) -> None:
+    reader = legs.ChunkReader(resp, deps.config.timeouts.decode_idle_seconds)
+    relay = StreamRelay(ReplyCollector(ctx.turn.route) if ctx.turn.key else None)
+    try:
+        await _relay_events(deps, ctx, engine, reader, relay)
+    finally:
+        reader.close()
+    # The end of decode's chunked body usually comes just after [DONE]: the connection then goes back to the pool for
+    # the next leg, without holding up this handler (the client has its answer already).
+    reader.finish(resp, _END_OF_BODY_SECONDS if relay.finished else 0)
+
+
+async def _relay_events(deps: Deps, ctx: Context, engine: Engine, reader: legs.ChunkReader, relay: StreamRelay) -> None:
+    exchange = ctx.exchange
+    parser = SSEParser()
+    try:
+        # Whatever arrived since the last read goes out in one write.
+        while chunk := await reader.read():
+            batch = relay.take_plain(parser, chunk)
+            if batch is None:
+                batch = relay.take(parser.feed(chunk))
+            if batch:
+                _send(deps, ctx, batch)
+                await exchange.drain()
+            if relay.finished:
+                break
+        else:
+            batch = relay.take(parser.close())  # an unterminated last event still counts
+            if batch:
+                _send(deps, ctx, batch)
+    except LegFailure as failure:
+        if not exchange.started:
+            raise
+        decode_failed(deps, ctx.turn, engine, failure)
+        return _end_stream_with_error(deps, ctx, "The decode engine's stream broke off.")
+    except ValueError as exc:  # an event beyond the parser's size limit
+        if not exchange.started:
+            raise LegFailure(BROKEN, str(exc)) from exc
+        decode_failed(deps, ctx.turn, engine, LegFailure(BROKEN, str(exc)))
+        return _end_stream_with_error(deps, ctx, "The decode engine's stream was malformed.")
+    if not relay.finished:
+        if not exchange.started:
+            raise LegFailure(BROKEN, "decode stream ended without data")
+        decode_failed(deps, ctx.turn, engine, LegFailure(BROKEN, "decode stream ended without [DONE]"))
+        return _end_stream_with_error(deps, ctx, "The decode engine's stream ended unexpectedly.")
+    relay.held += DONE_EVENT
+    if relay.collector is not None:
+        reply = relay.collector.reply()
+        await answer_and_record(
+            deps, ctx, engine, relay.kv_params, reply, lambda: _send(deps, ctx, relay.held, last=True)
+        )
+    else:
+        _send(deps, ctx, relay.held, last=True)
+    deps.metrics.e2e.labels(ctx.turn.route, "true").observe(time.perf_counter() - ctx.turn.started)
+
+
+def _send(deps: Deps, ctx: Context, data: bytes | bytearray, last: bool = False) -> None:
+    """Data to the client, starting the response with it first; `last` ends it in the same write."""
+    exchange, turn = ctx.exchange, ctx.turn
+    if not exchange.started:
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Request-Id": turn.request_id}
+        exchange.start(200, headers, data)
+        deps.metrics.ttft.labels(turn.route, "true").observe(time.perf_counter() - turn.started)
+        data = b""
+    if last:
+        exchange.end(data)
+    else:
+        exchange.write(data)
+
+
+def _end_stream_with_error(deps: Deps, ctx: Context, message: str) -> None:
+    deps.metrics.e2e.labels(ctx.turn.route, "true").observe(time.perf_counter() - ctx.turn.started)
+    ctx.exchange.write(sse_error_event(message, "server_error", 502))
+    ctx.exchange.end()
+
+
+# ---- 5. record ------------------------------------------------------------------------------------------------------
+
+
+async def answer_and_record(
+    deps: Deps, ctx: Context, engine: Engine, kv_params: Any, reply: Reply, answer: Callable[[], None]
+) -> None:
+    """Send the client the end of its answer and store what decode retained, in the order that lets the client's
+    next turn always find the entry (see 5. above)."""
+    if ctx.turn.key is None or deps.store.immediate:
+        try:
+            answer()
+        finally:
+            await record(deps, ctx.turn, engine, kv_params, reply)
+    else:
+        await record(deps, ctx.turn, engine, kv_params, reply)
+        answer()
+
+
+async def record(deps: Deps, turn: Turn, engine: Engine, kv_params: Any, reply: Reply) -> None:
+    """Store the turn's capture; recording is an optimisation and never costs the client its answer."""
+    outcome = "not_stored"
+    try:
+        capture = reuse.after_decode(turn, engine.url, kv_params, reply)
+        outcome = capture.outcome
+        if capture.why is not None:
+            log.debug("request %s: not storing decode's blocks: %s", turn.request_id, capture.why)
+        if capture.entry is not None:
+            assert turn.key is not None
+            evicted = await deps.store.put(turn.key, capture.entry, deps.config.conversation.ttl_seconds)
+            if evicted:
+                deps.metrics.store_dropped.inc(evicted)
+            observe_store_bytes(deps)
+    except StoreError:
+        deps.metrics.store_errors.labels("put").inc()
+        outcome = "store_error"
+    except Exception:
+        log.exception("request %s: recording decode's blocks failed", turn.request_id)
+        outcome = "not_stored"
+    if turn.key is not None:
+        engine.saw_params(turn.stream, kv_params is not None)
+    deps.metrics.captures.labels(outcome, "true" if turn.stream else "false", engine.url).inc()
+
+
+def observe_store_bytes(deps: Deps) -> None:
+    held = deps.store.bytes_held()
+    if held is not None:
+        deps.metrics.store_bytes.set(held)
+
+
+# ---- errors ---------------------------------------------------------------------------------------------------------
+
+
+class EngineError(RouterError):
+    """An engine's own 4xx answer, passed on to the client as it was (in OpenAI shape)."""
+
+    def __init__(self, failure: LegFailure):
+        body = legs.engine_error_body(failure)
+        err = (body or {}).get("error") or {}
+        super().__init__(
+            err.get("message") or f"engine rejected the request ({failure.detail})",
+            status=failure.status or 400,
+            type=err.get("type") or "invalid_request_error",
+            code=err.get("code"),
+        )
+
+
+def leg_error(leg: str, failures: list[LegFailure]) -> RouterError:
+    """The client's error after a leg gave up."""
+    last = failures[-1]
+    if last.kind == STATUS_4XX:
+        return EngineError(last)
+    if all(f.kind == CONNECT for f in failures):
+        return BackendUnavailable(f"No {leg} engine could be reached.")
+    if last.kind == TIMEOUT:
+        return RouterError(f"The {leg} engine timed out.", status=504, type="timeout")
+    return BackendFailed(f"The {leg} engine failed ({last.detail}).")

@@ -1,0 +1,122 @@
+"""The reuse decision as a pure function: one case per miss reason, the hit, and what decode's answer leaves for
+the next turn."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from duplex_sidecars import protocol
+from duplex_sidecars.router import reuse
+from duplex_sidecars.router.history import CHAT_ROUTE, History, Reply, scope_digest, state_key
+from duplex_sidecars.router.store import Entry
+
+D1 = "http://10.0.0.1:8000"
+D2 = "http://10.0.0.2:8000"
+USER = {"role": "user", "content": "hi"}
+ANSWER = Reply(content="hello", finish_reason="stop")
+DECODE_PARAMS = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": "decode-0",
+    "remote_request_id": "req-1",
+    "remote_host": "10.0.0.1",
+    "remote_port": 5600,
+    "remote_block_ids": [[1, 2, 3]],
+    "remote_num_tokens": 40,
+    "remote_blocks_expiry_time": 1234.5,
+}
+
+
+def turn(messages: list[dict[str, Any]], conversation: str | None = "c", stream: bool = False, **fields: Any):
+    from duplex_sidecars.router.turn import Turn
+
+    body = {"model": "m", "messages": messages, **fields}
+    return Turn(
+        route=CHAT_ROUTE,
+        path="/v1/chat/completions",
+        body=body,
+        model="m",
+        stream=stream,
+        request_id="r",
+        conversation_id=conversation,
+        key=state_key("t", "m", conversation) if conversation else None,
+        history=History.of_request(CHAT_ROUTE, body),
+        scope=scope_digest(CHAT_ROUTE, body),
+    )
+
+
+FIRST = turn([USER])
+FOLLOW_UP = [USER, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+
+
+def stored_entry(**changes: Any) -> Entry:
+    """The entry decode's answer to FIRST leaves, with `changes` applied."""
+    capture = reuse.after_decode(FIRST, D1, dict(DECODE_PARAMS), ANSWER)
+    assert capture.outcome == "stored" and capture.entry is not None
+    entry = capture.entry
+    for name, value in changes.items():
+        setattr(entry, name, value)
+    return entry
+
+
+def uncomparable(t):
+    t.history = None
+    return t
+
+
+@pytest.mark.parametrize(
+    "case, the_turn, entry, endpoints, reason, sticky",
+    [
+        ("no id", turn(FOLLOW_UP, conversation=None), None, {D1}, "no_conversation_id", None),
+        ("history not comparable", uncomparable(turn(FOLLOW_UP)), stored_entry(), {D1}, "not_replayable", None),
+        ("store failed", turn(FOLLOW_UP), reuse.STORE_FAILED, {D1}, "store_error", None),
+        ("nothing stored", turn(FOLLOW_UP), None, {D1}, "no_entry", None),
+        ("tombstone", turn(FOLLOW_UP), Entry(D1, reason="not_replayable"), {D1}, "not_replayable", D1),
+        ("decode sent no params", turn(FOLLOW_UP), Entry(D1, reason=reuse.NO_PARAMS), {D1}, "no_params", D1),
+        ("streamed, no params", turn(FOLLOW_UP), Entry(D1, reason=reuse.STREAM_NO_PARAMS), {D1}, "stream_no_params", D1),
+        ("engine left (tombstone)", turn(FOLLOW_UP), Entry(D1, reason="endpoint_gone"), {D1}, "endpoint_gone", None),
+        ("expired", turn(FOLLOW_UP), stored_entry(expired=True), {D1}, "expired", D1),
+        ("engine left", turn(FOLLOW_UP), stored_entry(), {D2}, "endpoint_gone", None),
+        ("other tools", turn(FOLLOW_UP, tools=[{"type": "function"}]), stored_entry(), {D1}, "scope_mismatch", D1),
+        ("edited", turn([USER, {"role": "assistant", "content": "HELLO"}, USER]), stored_entry(), {D1},
+         "history_mismatch", D1),
+        ("truncated", turn([{"role": "user", "content": "more"}]), stored_entry(), {D1}, "history_mismatch", D1),
+        ("undecodable params", turn(FOLLOW_UP), stored_entry(blob=b"\x01garbage"), {D1}, "store_error", D1),
+    ],
+    ids=lambda v: v if isinstance(v, str) and " " in v else "",
+)  # fmt: skip
+def test_each_miss_reason(case, the_turn, entry, endpoints, reason, sticky):
+    decision = reuse.decide(the_turn, entry, endpoints)
+    assert not decision.hit and decision.params is None
+    assert decision.reason == reason, case
+    assert decision.sticky_decode == sticky, case
+
+
+def test_the_exact_continuation_replays_decodes_blocks():
+    decision = reuse.decide(turn(FOLLOW_UP), stored_entry(), {D1})
+    assert decision.hit and decision.reason is None and decision.sticky_decode == D1
+    assert decision.params == protocol.replay_params(DECODE_PARAMS)
+    assert decision.tokens == 40
+
+
+@pytest.mark.parametrize(
+    "the_turn, params, answer, outcome, reason",
+    [
+        (turn([USER], conversation=None), DECODE_PARAMS, ANSWER, "not_stored", None),
+        (turn([USER]), None, ANSWER, "no_params", reuse.NO_PARAMS),
+        (turn([USER], stream=True), None, ANSWER, "no_params", reuse.STREAM_NO_PARAMS),
+        (turn([USER]), {**DECODE_PARAMS, "remote_block_ids": []}, ANSWER, "not_replayable", "not_replayable"),
+        (turn([USER], n=2), DECODE_PARAMS, ANSWER, "not_replayable", "not_replayable"),
+        (turn([USER]), DECODE_PARAMS, Reply(content="x", finish_reason="abort"), "not_replayable", "not_replayable"),
+        (uncomparable(turn([USER])), DECODE_PARAMS, ANSWER, "not_replayable", "not_replayable"),
+    ],
+)
+def test_what_decodes_answer_leaves(the_turn, params, answer, outcome, reason):
+    capture = reuse.after_decode(the_turn, D1, params, answer)
+    assert capture.outcome == outcome
+    if reason is None:
+        assert capture.entry is None
+    else:
+        assert capture.entry is not None and not capture.entry.replayable and capture.entry.reason == reason
+        assert capture.entry.decode_url == D1  # the next turn still goes to the engine that holds the conversation
