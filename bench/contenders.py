@@ -16,11 +16,12 @@ import urllib.request
 from typing import Any
 
 import aiohttp
+from loadgen import JSON_HEADERS, Conversation, Outcome, read_reply
+from prometheus_client.parser import text_string_to_metric_families
+
 from duplex_dev.launch.router import RouterProcess
 from duplex_dev.processes import free_port
 from duplex_sidecars import protocol
-from loadgen import JSON_HEADERS, Conversation, Outcome, read_reply
-from prometheus_client.parser import text_string_to_metric_families
 
 VLLM_ROUTER_VERSION = "0.1.17"
 CHAT_PATH = "/v1/chat/completions"

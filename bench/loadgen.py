@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
+
 from duplex_sidecars.protocol import KV_PARAMS_FIELD
 
 JSON_HEADERS = {"Content-Type": "application/json"}

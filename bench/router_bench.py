@@ -41,8 +41,9 @@ from contenders import (
     metric_sum,
     scrape,
 )
-from duplex_dev.launch.sim import SimProcess
 from loadgen import Workload, run_cell
+
+from duplex_dev.launch.sim import SimProcess
 
 CONTENDERS = ("floor", "floor-recompute", "duplex", "vllm-router")
 # What each contender's added latency is measured against: the floor doing the same engine work.

@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np
 import procstat
+
 from duplex_sidecars import protocol
 from duplex_sidecars.router.config import StoreConfig
 from duplex_sidecars.router.history import Covered, state_key

@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
+
 from duplex_dev.launch.redis import RedisServer
+
+# Property tests check behaviour, not speed: no per-example deadline and no too-slow health check, which on a shared
+# 2-core machine fail for reasons that have nothing to do with the code (speed lives in the benchmarks).
+settings.register_profile("duplex", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("duplex")
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+
 from duplex_sidecars.protocol import KV_PARAMS_FIELD
 
 

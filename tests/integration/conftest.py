@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from duplex_dev.cluster import ClusterError, LocalCluster, tools
 
 _CLUSTER = pytest.StashKey[LocalCluster]()

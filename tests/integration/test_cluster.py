@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from duplex_dev.cluster import tools
 from duplex_dev.cluster.cli import main as cluster_cli
 from duplex_dev.processes import ProcessRecord, is_alive

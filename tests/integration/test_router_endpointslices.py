@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp.abc
 import pytest
+
 from duplex_dev.chat import ChatClient, Conversation
 from duplex_dev.launch.sim import SimProcess
 from duplex_sidecars.router.app import Router, RouterServer

@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+
 from duplex_dev.chat import ChatClient, Conversation, sse_events
 from duplex_dev.launch.sim import SimProcess
 from duplex_sidecars.router.app import Router, RouterServer

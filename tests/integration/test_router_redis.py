@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+
 from duplex_dev.chat import ChatClient, Conversation
 from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.sim import SimProcess, sim_pair

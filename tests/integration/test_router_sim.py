@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+
 from duplex_dev.chat import ChatClient, Conversation, TurnFailed
 from duplex_dev.launch.sim import SimProcess
 from duplex_sidecars.router.app import Router, RouterServer

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+
 from duplex_dev.launch.sim import SimProcess, SimStartError
 from duplex_sidecars import protocol as pr
 from duplex_sidecars.sim.nixl_transport import NixlUnavailable, load_nixl_api

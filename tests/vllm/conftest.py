@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from duplex_dev.versions import version
 
 ROOT = Path(__file__).resolve().parents[2]

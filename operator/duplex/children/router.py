@@ -5,18 +5,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from duplex_sidecars.router.config import (
-    ConversationConfig,
-    EndpointSliceDiscovery,
-    RouterConfig,
-    StoreConfig,
-)
 from kubernetes.utils import parse_quantity
 
 from duplex.api.spec import DisaggregatedServingSpec
 from duplex.children.engine import served_model_name
 from duplex.children.kv_config import kv_transfer_config, router_ttl
 from duplex.children.labels import HTTP_PORT, child_name, labels, selector
+from duplex_sidecars.router.config import (
+    ConversationConfig,
+    EndpointSliceDiscovery,
+    RouterConfig,
+    StoreConfig,
+)
 
 CONFIG_KEY = "router.json"
 # Share of the router container's memory limit the conversation store may fill; the rest is the process itself.

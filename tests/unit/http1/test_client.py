@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+
 from duplex_sidecars.http1 import client as ec
 from duplex_sidecars.http1.client import EngineClient, EngineConnectError, EngineDisconnected, EngineResponse
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+
 from duplex_sidecars.http1 import server as front
 from duplex_sidecars.http1.server import (
     MAX_HEAD_BYTES,

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from dsv_helpers import merge
-from duplex.api.spec import DisaggregatedServingSpec
 from pydantic import BaseModel
+
+from duplex.api.spec import DisaggregatedServingSpec
 
 # Every field set to a value other than its default. Exactly-one-of pairs are split across FULL and FULL_ALT.
 FULL: dict[str, Any] = {

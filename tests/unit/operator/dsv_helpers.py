@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from duplex.api.meta import API_VERSION, KIND
 from duplex.render import Serving, desired_children, parse, parse_spec
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from dsv_helpers import children, find
+
 from duplex.converge import APPLIED_HASH, adopt, covers, key, owned_by, owner_reference, plan
 
 PARENT = {

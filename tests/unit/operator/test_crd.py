@@ -17,6 +17,8 @@ import yaml
 from dsv_cases import BOUNDS, ENUMS, FULL, FULL_ALT, QUANTITIES, fmt, model_paths
 from dsv_helpers import CRD_FILE as COMMITTED
 from dsv_helpers import REPO, merge, spec_dict
+from pydantic import BaseModel
+
 from duplex.api.meta import GROUP, KIND, PLURAL, SHORT_NAME, SINGULAR, VERSION
 from duplex.api.naming import NAME_RULE
 from duplex.api.owned_args import OWNED_FLAGS
@@ -25,7 +27,6 @@ from duplex.crd import crd, openapi_schema
 from duplex.crd_cli import CRD_FILE
 from duplex.crd_cli import main as crds_main
 from duplex.render import InvalidSpec, parse_spec
-from pydantic import BaseModel
 
 ROOT = openapi_schema()
 SPEC = ROOT["properties"]["spec"]

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from dsv_helpers import arg_value, env_map, merge, spec
+
 from duplex.children import efa
 from duplex.children.engine import engine_deployment
 from duplex.children.labels import SERVING_LABEL

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 from dsv_helpers import arg_value, container, env_map, merge, spec
+
 from duplex.children import labels as labels_module
 from duplex.children.engine import config_hash, engine_config_hash, engine_deployment, served_model_name, vllm_args
 from duplex.children.kv_config import kv_transfer_json

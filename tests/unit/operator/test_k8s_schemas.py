@@ -12,11 +12,12 @@ import kubernetes_validate
 import pytest
 from dsv_cases import FULL, FULL_ALT
 from dsv_helpers import SEED, TRAINIUM, children, doc, load, may_name_an_owned_flag, merge
-from duplex.crd import crd
-from duplex.render import desired_children, parse
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes_validate import utils as kv_utils
+
+from duplex.crd import crd
+from duplex.render import desired_children, parse
 
 TARGET = "1.36"
 VERSIONS = sorted(

@@ -6,6 +6,7 @@ import json
 
 import pytest
 from dsv_helpers import spec
+
 from duplex.children.kv_config import (
     ROUTER_TTL_MARGIN,
     backend,

@@ -7,12 +7,13 @@ from typing import ClassVar
 
 import pytest
 from dsv_helpers import may_name_an_owned_flag, spec, spec_dict
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from duplex.api.owned_args import OWNED_FLAGS, owned_arg_rules, uses_flag
 from duplex.api.spec import DecodeSpec, ModelSpec, PrefillSpec
 from duplex.children.engine import vllm_args
 from duplex.render import InvalidSpec, parse_spec
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 ALL_FLAGS = [f for flags, _ in OWNED_FLAGS for f in flags]
 LOCATIONS = ["model", "prefill", "decode"]

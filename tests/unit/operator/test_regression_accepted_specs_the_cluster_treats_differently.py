@@ -16,6 +16,7 @@ B. An env entry with both value and valueFrom (spec.model.env / spec.<role>.env)
 
 import pytest
 from dsv_helpers import spec_dict
+
 from duplex.render import InvalidSpec, parse_spec
 
 

@@ -15,6 +15,7 @@ desired object then drops the fields the operator's field manager no longer send
 
 import pytest
 from dsv_helpers import children
+
 from duplex.converge import adopt, plan
 
 PARENT = {

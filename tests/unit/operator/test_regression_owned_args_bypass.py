@@ -12,6 +12,7 @@ duplex's uses_flag() only matches `flag` and `flag=`, so all of these pass valid
 
 import pytest
 from dsv_helpers import spec_dict
+
 from duplex.render import InvalidSpec, parse_spec
 
 BYPASSES = [

@@ -15,6 +15,7 @@ validate_by_name=False / strict=True in Checked.model_config if no code construc
 
 import pytest
 from dsv_helpers import spec_dict
+
 from duplex.render import InvalidSpec, parse_spec
 
 

@@ -10,6 +10,7 @@ Fix: reject it in the API, e.g. on KVTransferSpec a Rule
 
 import pytest
 from dsv_helpers import children, spec_dict
+
 from duplex.render import InvalidSpec, parse_spec
 
 

@@ -12,6 +12,7 @@ status.replicas and in _role_condition / `rolling` require `total == updated` in
 """
 
 from dsv_helpers import serving
+
 from duplex import status
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from dsv_helpers import REPO, SEED, TRAINIUM, arg_value, container, doc, env_map, find, load, spec_dict
+
 from duplex import render_cli
 from duplex.render import desired_children, parse
 from duplex.yamlio import dump_all

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from dsv_helpers import container, env_map, spec
+
 from duplex.children.kv_config import kv_transfer_config
 from duplex.children.labels import ROLE_LABEL, SERVING_LABEL
 from duplex.children.router import (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from dsv_helpers import children, container, find, spec
+
 from duplex.children.labels import ROLE_LABEL, SERVING_LABEL
 from duplex.children.services import engine_service, router_endpoint, router_service
 

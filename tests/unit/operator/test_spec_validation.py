@@ -23,6 +23,7 @@ from dsv_cases import (
     model_paths,
 )
 from dsv_helpers import doc, merge, spec, spec_dict
+
 from duplex.api.naming import MAX_NAME, NAME_RULE
 from duplex.api.spec import DisaggregatedServingSpec
 from duplex.render import InvalidSpec, parse, parse_spec

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from dsv_helpers import serving
+
 from duplex import status
 from duplex.api.status import CONDITION_TYPES, DisaggregatedServingStatus
 from duplex.children.engine import engine_config_hash

@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+
 from duplex_sidecars.router.app import Router, RouterServer
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.config_file import deep_merge

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from duplex_sidecars.router.attempts import (
     BROKEN,
     CONNECT,

@@ -8,6 +8,7 @@ import os
 
 import pytest
 import yaml
+
 from duplex_sidecars.router import cli
 from duplex_sidecars.router.app import Router
 from duplex_sidecars.router.config import RouterConfig

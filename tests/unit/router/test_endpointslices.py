@@ -11,6 +11,7 @@ import pytest
 import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+
 from duplex_sidecars.router.config import EndpointSliceDiscovery
 from duplex_sidecars.router.endpoints import DECODE, PREFILL
 from duplex_sidecars.router.endpointslices import ApiAccess, EndpointSliceWatcher, slice_urls

@@ -9,6 +9,7 @@ import statistics
 import time
 
 import pytest
+
 from duplex_sidecars import protocol
 from duplex_sidecars.router.store import MemoryStore
 

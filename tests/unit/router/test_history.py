@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import copy
 
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
 from duplex_sidecars.router.history import (
     ANONYMOUS_TENANT,
     CHAT_ROUTE,
@@ -18,8 +21,6 @@ from duplex_sidecars.router.history import (
     state_key,
     tenant_of,
 )
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
 
 text = st.text(min_size=0, max_size=30)
 tool_call = st.fixed_dictionaries(

@@ -6,9 +6,10 @@ import json
 import math
 
 import pytest
-from duplex_sidecars.router.jsonio import dumps, loads, lost_precision
 from hypothesis import given
 from hypothesis import strategies as st
+
+from duplex_sidecars.router.jsonio import dumps, loads, lost_precision
 
 json_values = st.recursive(
     st.none()

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+
 from duplex_sidecars.http1.client import EngineClient, EngineResponse
 from duplex_sidecars.router.legs import TIMEOUT, ChunkReader, LegFailure
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from duplex_sidecars import protocol
 from duplex_sidecars.router import reuse
 from duplex_sidecars.router.history import CHAT_ROUTE, History, Reply, scope_digest, state_key

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from duplex_sidecars.protocol import pop_kv_params
 from duplex_sidecars.router.reply import ReplyCollector, reply_of_body
 from duplex_sidecars.router.sse import SSEParser
-from hypothesis import given
-from hypothesis import strategies as st
 
 
 def run(chunks: list[bytes]) -> list:

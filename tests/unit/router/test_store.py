@@ -14,6 +14,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from duplex_sidecars import protocol
 from duplex_sidecars.router.history import Covered
 from duplex_sidecars.router.store import (
@@ -27,8 +30,6 @@ from duplex_sidecars.router.store import (
     pack_params,
     unpack_params,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 D1 = "http://10.0.0.1:8000"
 D2 = "http://10.0.0.2:8000"

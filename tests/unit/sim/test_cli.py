@@ -1,6 +1,7 @@
 """`duplex sim` flags map onto SimConfig."""
 
 import pytest
+
 from duplex_sidecars.sim.cli import config_from_args, parser
 
 

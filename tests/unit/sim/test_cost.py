@@ -1,6 +1,7 @@
 """The cost model: zero by default, linear plus attention for prefill, bandwidth for transfers."""
 
 import pytest
+
 from duplex_sidecars.sim.cost import CostModel
 
 

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from duplex_sidecars.sim.kv_blocks import BlockPool, OutOfBlocks, block_hashes, num_blocks_for, slot_bytes, token_chain
 
 BS = 4

@@ -1,6 +1,7 @@
 """The pull scheduler's decisions: what to pull, when to recompute, when to decline an expired read."""
 
 import pytest
+
 from duplex_sidecars.protocol import miss_params
 from duplex_sidecars.sim import kv_policy as kp
 

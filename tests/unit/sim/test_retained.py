@@ -1,6 +1,7 @@
 """Retained blocks are single use: claim, read, release; expired or released entries are gone."""
 
 import pytest
+
 from duplex_sidecars.sim.retained import ClaimRefused, RetainedBlocks
 
 

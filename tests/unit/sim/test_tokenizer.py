@@ -1,11 +1,12 @@
 """The tokenizer and chat template: stable ids, and generated replies that round-trip into the next turn's prompt."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from duplex_sidecars.sim import generation
 from duplex_sidecars.sim.chat_template import TemplateError, assistant_header, render_chat
 from duplex_sidecars.sim.tokenizer import EOS, FIRST_WORD_ID, IM_END, split, token_id, tokenize
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 _text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=80)
 _role = st.sampled_from(["system", "user", "assistant", "tool"])
