@@ -187,11 +187,32 @@ class Request:
 
 
 class Limits:
-    """What the server enforces before a handler runs; `max_body` is read per request (it can change on reload)."""
+    """What the server enforces before a handler runs, so that no client can make it hold more than this:
+    `max_body` (read per request: it can change on reload), an idle timeout per connection, deadlines for a request's
+    head and for its body (from their first byte, however slowly the rest trickles in), and caps on open connections
+    and on requests in handlers (only those `limited` says count; probes and metrics stay answerable). Each refusal
+    is reported to `on_reject` with its reason: connections, inflight, head_timeout, body_timeout."""
 
-    def __init__(self, max_body: Callable[[], int], idle_seconds: float = 75.0):
+    def __init__(
+        self,
+        max_body: Callable[[], int],
+        idle_seconds: float = 75.0,
+        *,
+        head_seconds: float = 10.0,
+        body_seconds: float = 60.0,
+        max_connections: int = 4096,
+        max_inflight: int = 512,
+        limited: Callable[[str, str], bool] = lambda method, path: True,
+        on_reject: Callable[[str], None] = lambda reason: None,
+    ):
         self.max_body = max_body
         self.idle_seconds = idle_seconds
+        self.head_seconds = head_seconds
+        self.body_seconds = body_seconds
+        self.max_connections = max_connections
+        self.max_inflight = max_inflight
+        self.limited = limited
+        self.on_reject = on_reject
 
 
 class _Connection(asyncio.Protocol):
@@ -219,11 +240,20 @@ class _Connection(asyncio.Protocol):
         self._paused_read = False
         self._idle: asyncio.TimerHandle | None = None
         self._active = 0.0  # loop time of the last data from the client
+        self._deadline: asyncio.TimerHandle | None = None  # for the head or the body being read
 
     # ---- transport events ----------------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        limits = self._server.limits
+        if len(self._server._conns) >= limits.max_connections:
+            limits.on_reject("connections")
+            self._last = True
+            self.closed = True
+            transport.write(self._server.error_bytes(503, "Too many open connections.", retry_after=True))  # type: ignore[attr-defined]
+            transport.close()
+            return
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:
@@ -238,6 +268,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._server._conns.discard(self)
+        self._clear_deadline()
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
@@ -288,6 +319,7 @@ class _Connection(asyncio.Protocol):
     # ---- llhttp callbacks ----------------------------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self._set_deadline(self._server.limits.head_seconds, "head")
         self._url = b""
         self._headers = {}
         self._repeated = None
@@ -322,6 +354,7 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._set_deadline(self._server.limits.body_seconds, "body")
         if self._discard:
             return
         length = self._headers.get("content-length")
@@ -353,6 +386,7 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._in_head = False
+        self._clear_deadline()
         if self._discard:
             self.close()  # the early answer said Connection: close; the client has sent its body
             return
@@ -368,6 +402,8 @@ class _Connection(asyncio.Protocol):
         request.keep_alive = parser.should_keep_alive()
         if self._too_large:
             request.status = 413
+        elif request.http11 and "host" not in self._headers:
+            request.status = 400  # RFC 9112: a server must answer 400 to an HTTP/1.1 request without Host
         else:
             body = self._body
             request.body = body[0] if len(body) == 1 else b"".join(body)
@@ -446,6 +482,27 @@ class _Connection(asyncio.Protocol):
             else:
                 waiter.set_exception(exc)
 
+    def _set_deadline(self, seconds: float, part: str) -> None:
+        self._clear_deadline()
+        self._deadline = asyncio.get_running_loop().call_later(seconds, self._late, part, seconds)
+
+    def _clear_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _late(self, part: str, seconds: float) -> None:
+        """The request's head or body did not arrive in time: 408, and the connection closes (what is queued before
+        it is answered first)."""
+        self._deadline = None
+        if self.closed:
+            return
+        self._server.limits.on_reject(f"{part}_timeout")
+        if self._discard:
+            self.abort()
+            return
+        self._stop_after_queue(408, f"Request {part} not received within {seconds:g} seconds.")
+
     def _idle_timeout(self) -> None:
         """Close a connection the client has sent nothing on for the idle time (between requests, or in the middle
         of one), unless a handler is still answering."""
@@ -488,14 +545,17 @@ class FrontServer:
         self.error_body = error_body  # (status, message) -> the body of an error the server answers itself
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conns: set[_Connection] = set()
+        self._inflight = 0  # requests in handlers that `limits.limited` counts
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.base_events.Server | None = None
 
-    def error_bytes(self, status: int, message: str) -> bytes:
+    def error_bytes(self, status: int, message: str, retry_after: bool = False) -> bytes:
         """A whole error response, with Connection: close."""
         body = self.error_body(status, message)
-        framing = b"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
-        return _status_head(status) + framing + body
+        framing = b"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n" % len(body)
+        if retry_after:
+            framing += b"Retry-After: 1\r\n"
+        return _status_head(status) + framing + b"\r\n" + body
 
     async def start(self, host: str, port: int, backlog: int = 1024) -> None:
         loop = self._loop = asyncio.get_running_loop()
@@ -521,6 +581,24 @@ class FrontServer:
             request.keep_alive = False
             self._answer_error(request, 413, f"Request body exceeds the limit of {self.limits.max_body()} bytes.")
             return
+        if request.status == 400:
+            request.keep_alive = False
+            self._answer_error(request, 400, "HTTP/1.1 requests need a Host header.")
+            return
+        counted = self.limits.limited(request.method, request.path)
+        if counted and self._inflight >= self.limits.max_inflight:
+            self.limits.on_reject("inflight")
+            self._answer_error(request, 503, "Too many requests in flight; retry shortly.", {"Retry-After": "1"})
+            return
+        if counted:
+            self._inflight += 1
+        try:
+            await self._run(request)
+        finally:
+            if counted:
+                self._inflight -= 1
+
+    async def _run(self, request: Request) -> None:
         try:
             await self.handle(request)
         except ClientGone:
@@ -539,9 +617,9 @@ class FrontServer:
         elif not request.finished:
             request.keep_alive = False  # a stream left open: the connection's end ends it
 
-    def _answer_error(self, request: Request, status: int, message: str) -> None:
+    def _answer_error(self, request: Request, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         try:
-            request.respond(status, self.error_body(status, message))
+            request.respond(status, self.error_body(status, message), headers=headers)
         except ClientGone:
             request.keep_alive = False
 

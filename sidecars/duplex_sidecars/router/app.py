@@ -69,6 +69,7 @@ class Router:
         self.engine_api_key = self._api_key(config)
         self.deps = self._deps()
         self.generation = 1  # config generation, reported by /ready
+        self.limits: Limits | None = None  # the HTTP server's, once serving
         self._tasks: list[asyncio.Task[None]] = []
         self.engines.on_decode_removed(self._drop_departed)
 
@@ -83,6 +84,17 @@ class Router:
             metrics=self.metrics,
             engine_api_key=self.engine_api_key,
         )
+
+    def apply_limits(self) -> None:
+        """The client limits of the config, applied to the HTTP server (on start and on every reload)."""
+        if self.limits is None:
+            return
+        cfg = self.config.client_limits
+        self.limits.max_connections = cfg.max_connections
+        self.limits.max_inflight = cfg.max_inflight_requests
+        self.limits.head_seconds = cfg.head_timeout_seconds
+        self.limits.body_seconds = cfg.body_timeout_seconds
+        self.limits.idle_seconds = cfg.idle_seconds
 
     @staticmethod
     def _api_key(config: RouterConfig) -> str | None:
@@ -182,6 +194,7 @@ class Router:
             self.prober._headers = self._probe_headers()
         self.config = new
         self.deps = self._deps()
+        self.apply_limits()
         self.generation += 1
         await self._use_endpoints(new)
 
@@ -340,10 +353,26 @@ def _front_error(status: int, message: str) -> bytes:
     return error_json(status, message, "invalid_request_error" if status < 500 else "server_error", status)
 
 
+def _counted(method: str, path: str) -> bool:
+    """The requests the in-flight cap counts: completions, not probes or metrics."""
+    return path in ROUTES
+
+
+def client_limits(router: Router) -> Limits:
+    limits = Limits(
+        lambda: router.config.max_body_bytes,
+        limited=_counted,
+        on_reject=lambda reason: router.metrics.rejected.labels(reason).inc(),
+    )
+    router.limits = limits
+    router.apply_limits()
+    return limits
+
+
 async def serve(router: Router, host: str, port: int) -> FrontServer:
     """Start the router's background work, then listen; `shutdown` undoes both."""
     await router.start()
-    server = FrontServer(Dispatch(router), Limits(lambda: router.config.max_body_bytes), _front_error)
+    server = FrontServer(Dispatch(router), client_limits(router), _front_error)
     try:
         await server.start(host, port)
     except BaseException:

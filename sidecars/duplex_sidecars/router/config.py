@@ -83,6 +83,25 @@ class TimeoutsConfig(_Strict):
     decode_idle_seconds: float = Field(120.0, gt=0, description="Longest gap between decode stream chunks.")
 
 
+class ClientLimitsConfig(_Strict):
+    """What a client can make the router hold: connections, requests in flight, and time (bodies: max_body_bytes)."""
+
+    max_connections: int = Field(4096, ge=1, description="Open client connections; one more is answered 503.")
+    max_inflight_requests: int = Field(
+        512,
+        ge=1,
+        description="Completions being served at once; one more is answered 503 with Retry-After (health, readiness "
+        "and metrics are not counted).",
+    )
+    head_timeout_seconds: float = Field(10.0, gt=0, description="From a request's first byte to the end of its head.")
+    body_timeout_seconds: float = Field(
+        60.0, gt=0, description="From the end of a request's head to the end of its body."
+    )
+    idle_seconds: float = Field(
+        75.0, gt=0, description="A connection with nothing from its client for this long closes."
+    )
+
+
 class HealthCheckConfig(_Strict):
     path: str = Field("/health", description="Engine liveness path probed by the router.")
     interval_seconds: float = Field(5.0, gt=0, description="Time between probes of each engine.")
@@ -101,6 +120,7 @@ class RouterConfig(_Strict):
     store: StoreConfig = Field(default_factory=StoreConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    client_limits: ClientLimitsConfig = Field(default_factory=ClientLimitsConfig)
     prefill_retries: int = Field(1, ge=0, le=5, description="Extra prefill attempts on another endpoint, no reuse.")
     decode_retries: int = Field(1, ge=0, le=5, description="Extra decode attempts before the first byte.")
     served_model_names: list[str] = Field(default_factory=list, description="Models listed by /v1/models.")

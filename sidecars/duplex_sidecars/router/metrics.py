@@ -145,6 +145,17 @@ class RouterMetrics:
             "Entries turned into tombstones because their decode engine left.",
             registry=r,
         )
+        self.rejected = _Children(
+            Counter(
+                "duplex_router_rejected_requests",
+                "Client connections or requests refused at the HTTP layer, by reason: connections (503), inflight "
+                "(503), head_timeout and body_timeout (408).",
+                ["reason"],
+                registry=r,
+            )
+        )
+        for reason in ("connections", "inflight", "head_timeout", "body_timeout"):
+            self.rejected.labels(reason)
         self.config_reloads = Counter(
             "duplex_router_config_reloads",
             "Config file reloads by outcome (applied, invalid).",

@@ -44,9 +44,9 @@ async def make_server() -> AsyncIterator[ServerFactory]:
     servers: list[FrontServer] = []
 
     async def factory(
-        handler: Handler, *, max_body: Callable[[], int] = lambda: 1000, idle: float = 5.0
+        handler: Handler, *, max_body: Callable[[], int] = lambda: 1000, idle: float = 5.0, **limits: Any
     ) -> FrontServer:
-        server = FrontServer(handler, Limits(max_body, idle_seconds=idle), error_body)
+        server = FrontServer(handler, Limits(max_body, idle_seconds=idle, **limits), error_body)
         await server.start("127.0.0.1", 0)
         servers.append(server)
         return server
@@ -644,7 +644,7 @@ async def test_malformed_or_oversized_head_is_answered_then_closed(make_server, 
 async def test_head_just_under_the_limit_is_served(make_server, connect):
     server = await make_server(echo)
     client = await connect(server)
-    await client.send(b"GET / HTTP/1.1\r\nX-Big: " + b"v" * (MAX_HEAD_BYTES - 100) + b"\r\n\r\n")
+    await client.send(b"GET / HTTP/1.1\r\nHost: t\r\nX-Big: " + b"v" * (MAX_HEAD_BYTES - 100) + b"\r\n\r\n")
     reply = await client.reply()
     assert reply.status == 200
     assert len(reply.json()["headers"]["x-big"]) == MAX_HEAD_BYTES - 100
@@ -1055,3 +1055,128 @@ async def test_drain_raises_client_gone_when_the_slow_reader_leaves(make_server,
     assert 0 < sent < 256
     client.writer.transport.abort()
     assert await asyncio.wait_for(outcome, 1.0) == "gone"
+
+
+# ---- what a client can make the server hold: time, connections, requests in flight -----------------------------
+
+
+class Rejections(list):
+    def __call__(self, reason: str) -> None:
+        self.append(reason)
+
+
+async def trickle(client: Client, data: bytes, every: float) -> None:
+    """Send `data` a byte at a time, `every` seconds apart, until the server closes the connection."""
+    for byte in data:
+        try:
+            await client.send(bytes([byte]))
+        except (ConnectionError, TimeoutError):
+            return
+        await asyncio.sleep(every)
+
+
+@pytest.mark.parametrize("part", ["head", "body"])
+async def test_a_trickled_request_meets_its_deadline(make_server, connect, part):
+    # Bytes keep coming (the idle timer never fires), but the head or the body must be complete within its
+    # deadline from its first byte.
+    rejected = Rejections()
+    handler = Recording()
+    server = await make_server(handler, idle=5.0, head_seconds=0.6, body_seconds=0.6, on_reject=rejected)
+    client = await connect(server)
+    body = b'{"x": "' + b"y" * 60 + b'"}'
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % len(body)
+    started = time.monotonic()
+    if part == "head":
+        sender = asyncio.create_task(trickle(client, head, 0.05))
+    else:
+        await client.send(head)
+        sender = asyncio.create_task(trickle(client, body, 0.05))
+    reply = await client.reply(timeout=3.0)
+    assert reply.status == 408 and reply.header("Connection") == "close"
+    assert 0.5 < time.monotonic() - started < 2.0
+    assert await client.closed()
+    await sender
+    assert rejected == [f"{part}_timeout"] and handler.calls == []
+
+
+async def test_a_slow_but_timely_request_is_served(make_server, connect):
+    server = await make_server(echo, head_seconds=2.0, body_seconds=2.0)
+    client = await connect(server)
+    await trickle(client, get("/slow"), 0.0)
+    assert (await client.reply()).status == 200
+
+
+async def test_the_connection_cap_answers_503_and_keeps_serving_the_others(make_server, connect):
+    rejected = Rejections()
+    server = await make_server(echo, max_connections=2, on_reject=rejected)
+    first, second = await connect(server), await connect(server)
+    await first.send(get("/a"))
+    assert (await first.reply()).status == 200
+    third = await connect(server)
+    reply = await third.reply()
+    assert reply.status == 503 and reply.header("Retry-After") == "1" and reply.header("Connection") == "close"
+    assert await third.closed()
+    assert rejected == ["connections"]
+    await second.send(get("/b"))
+    assert (await second.reply()).status == 200
+    first.close()
+    await until(lambda: len(server._conns) == 1)
+    fourth = await connect(server)  # a freed slot is usable again
+    await fourth.send(get("/c"))
+    assert (await fourth.reply()).status == 200
+
+
+async def test_the_inflight_cap_answers_503_only_to_counted_requests(make_server, connect):
+    rejected = Rejections()
+    release = asyncio.Event()
+
+    async def handler(request: Request) -> None:
+        if request.path == "/slow":
+            await release.wait()
+        request.respond(200, b"done")
+
+    server = await make_server(
+        handler, max_inflight=1, limited=lambda method, path: path != "/health", on_reject=rejected
+    )
+    busy, other = await connect(server), await connect(server)
+    await busy.send(get("/slow"))
+    await until(lambda: server._inflight == 1)
+    await other.send(get("/slow"))
+    reply = await other.reply()
+    assert reply.status == 503 and reply.header("Retry-After") == "1"
+    assert reply.header("Connection") != "close"  # the connection stays usable
+    await other.send(get("/health"))
+    assert (await other.reply()).status == 200  # probes are not counted
+    release.set()
+    assert (await busy.reply()).body == b"done"
+    await other.send(get("/slow"))
+    assert (await other.reply()).status == 200
+    assert rejected == ["inflight"] and server._inflight == 0
+
+
+async def test_http11_without_host_is_400_and_http10_needs_none(make_server, connect):
+    handler = Recording()
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(b"GET /x HTTP/1.1\r\n\r\n")
+    reply = await client.reply()
+    assert reply.status == 400 and "Host" in reply.json()["error"]["message"]
+    assert await client.closed()
+    old = await connect(server)
+    await old.send(b"GET /y HTTP/1.0\r\n\r\n")
+    assert (await old.reply()).status == 200
+    assert handler.calls == ["/y"]
+
+
+async def test_repeated_headers_are_known_to_the_handler(make_server, connect):
+    seen = {}
+
+    async def handler(request: Request) -> None:
+        seen.update(auth=request.repeated("Authorization"), conv=request.repeated("x-conversation-id"))
+        request.respond(200, b"")
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(get("/", b"Authorization: a", b"authorization: b", b"X-Conversation-Id: c"))
+    assert (await client.reply()).status == 200
+    assert seen == {"auth": True, "conv": False}

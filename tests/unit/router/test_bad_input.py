@@ -161,3 +161,47 @@ async def test_a_flood_of_broken_http_leaves_no_connection_or_task_behind(make_r
         await asyncio.sleep(0.02)
     assert not front._conns and not front._tasks
     assert all(e.inflight == 0 for e in rig.router.engines.prefill.engines.values())
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [b"Authorization: Bearer alice\r\nAuthorization: Bearer bob", b"X-Conversation-Id: c1\r\nx-conversation-id: c2"],
+    ids=["two tenants", "two conversations"],
+)
+async def test_a_request_naming_two_tenants_or_conversations_is_400(make_rig, headers):
+    # Joined, two values would name a third tenant or conversation: refused instead, before any engine sees it.
+    # (Raw bytes: aiohttp's client sends only one of two same-named headers.)
+    rig = await make_rig()
+    host, port = rig.url.removeprefix("http://").split(":")
+    body = json.dumps({"model": "m", "messages": [USER]}).encode()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n%s\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (headers, len(body), body)
+    )
+    raw = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ")
+    out = json.loads(payload)
+    assert_openai_error(out, 400)
+    assert out["error"]["code"] == "duplicate_header"
+    assert rig.p.seen == [] and rig.d.seen == []
+
+
+async def test_the_inflight_cap_is_counted_and_applies_on_reload(make_rig):
+    rig = await make_rig(client_limits={"max_inflight_requests": 1})
+    rig.d.actions = ["hang"]
+    stuck = asyncio.create_task(rig.chat([USER], conv=None))
+    await asyncio.sleep(0.3)
+    status, body, _ = await rig.chat([USER], conv=None)
+    assert status == 503 and body["error"]["code"] == 503
+    assert rig.metric("duplex_router_rejected_requests_total", reason="inflight") == 1
+    async with rig.session.get(rig.url + "/ready") as resp:
+        assert resp.status == 200  # readiness is not counted against the cap
+    config = rig.router.config.model_copy(deep=True)
+    config.client_limits.max_inflight_requests = 2
+    await rig.router.apply(config)
+    status, _, _ = await rig.chat([USER], conv=None)
+    assert status == 200
+    stuck.cancel()
