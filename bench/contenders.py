@@ -92,12 +92,16 @@ class DuplexRouter(_HttpRouter):
         engine_blocks_ttl: float,
         name: str = "duplex",
         pythonpath: str | None = None,
+        entry: list[str] | None = None,
     ):
-        """`pythonpath` runs another tree's router (an exported git revision) in place of this one."""
+        """`pythonpath` runs another tree's router (an exported git revision) in place of this one; `entry` another
+        way of starting it (uvicorn's front)."""
         self.name = name
         config = {"conversation": {"ttl_seconds": conversation_ttl, "engine_blocks_ttl_seconds": engine_blocks_ttl}}
         env = {"PYTHONPATH": pythonpath} if pythonpath else None
-        self.process = RouterProcess(prefill=[prefill_url], decode=[decode_url], config=config, env=env)
+        self.process = RouterProcess(
+            prefill=[prefill_url], decode=[decode_url], config=config, env=env, **({"entry": entry} if entry else {})
+        )
         self.url = self.process.url
         self.metrics_url = self.url + "/metrics"
 

@@ -45,9 +45,9 @@ from loadgen import Workload, run_cell
 
 from duplex_dev.launch.sim import SimProcess
 
-CONTENDERS = ("floor", "floor-recompute", "duplex", "vllm-router")
+CONTENDERS = ("floor", "floor-recompute", "duplex", "duplex-uvicorn", "vllm-router")
 # What each contender's added latency is measured against: the floor doing the same engine work.
-BASELINE = {"duplex": "floor", "vllm-router": "floor-recompute"}
+BASELINE = {"duplex": "floor", "duplex-uvicorn": "floor", "vllm-router": "floor-recompute"}
 STORE_VARIANTS = ("as-written", "json-bytes", "array-u32", "delta-zlib")
 _T0 = time.monotonic()
 
@@ -229,7 +229,7 @@ async def _cell(
         "prefill_tokens": prefill_delta,
         "recompute_skips": {k: v for k, v in skips.items() if v},
     }
-    if contender.name.split("@")[0] == "duplex":  # duplex and duplex@REV
+    if contender.name.split("@")[0] in ("duplex", "duplex-uvicorn"):  # duplex, duplex@REV, duplex-uvicorn
         hits = metric_sum(after[1], "duplex_router_kv_reuse_hits_total") - metric_sum(
             before[1], "duplex_router_kv_reuse_hits_total"
         )
@@ -617,6 +617,15 @@ def main(argv: list[str] | None = None) -> int:
             if "duplex" in args.contenders:
                 contenders["duplex"] = DuplexRouter(
                     prefill.url, decode.url, args.conversation_ttl, args.engine_blocks_ttl
+                )
+            if "duplex-uvicorn" in args.contenders:  # the same router, served by uvicorn (hack/duplex_dev)
+                contenders["duplex-uvicorn"] = DuplexRouter(
+                    prefill.url,
+                    decode.url,
+                    args.conversation_ttl,
+                    args.engine_blocks_ttl,
+                    name="duplex-uvicorn",
+                    entry=["-m", "duplex_dev.uvicorn_front"],
                 )
             if args.duplex_at:
                 trees = stack.enter_context(tempfile.TemporaryDirectory(prefix="duplex-bench-"))

@@ -35,7 +35,10 @@ class RouterProcess:
         port: int | None = None,
         env: dict[str, str] | None = None,
         startup_timeout: float = 20.0,
+        entry: list[str] | None = None,
     ):
+        """`entry`: how to start the router after `python` (default `-m duplex.cli router`)."""
+        self.entry = entry or ["-m", "duplex.cli", "router"]
         self.host = host
         self.port = port or free_port(host)
         self.extra_args = list(extra_args)
@@ -60,7 +63,7 @@ class RouterProcess:
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "duplex.cli", "router", "--host", self.host, "--port", str(self.port)]
+        cmd = [sys.executable, *self.entry, "--host", self.host, "--port", str(self.port)]
         for url in self.prefill:
             cmd += ["--prefill", url]
         for url in self.decode:

@@ -9,6 +9,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import aiohttp.abc
@@ -369,10 +370,11 @@ def client_limits(router: Router) -> Limits:
     return limits
 
 
-async def serve(router: Router, host: str, port: int) -> FrontServer:
-    """Start the router's background work, then listen; `shutdown` undoes both."""
+async def serve(router: Router, host: str, port: int, server_class: type[Any] = FrontServer) -> Any:
+    """Start the router's background work, then listen; `shutdown` undoes both. `server_class` is the HTTP server
+    (anything with FrontServer's constructor, `start`, `port` and `stop`: the benchmark compares uvicorn's)."""
     await router.start()
-    server = FrontServer(Dispatch(router), client_limits(router), _front_error)
+    server = server_class(Dispatch(router), client_limits(router), _front_error)
     try:
         await server.start(host, port)
     except BaseException:
@@ -381,7 +383,7 @@ async def serve(router: Router, host: str, port: int) -> FrontServer:
     return server
 
 
-async def shutdown(server: FrontServer, router: Router, grace: float = 10.0) -> None:
+async def shutdown(server: Any, router: Router, grace: float = 10.0) -> None:
     await server.stop(grace)
     await router.stop()
 
@@ -389,14 +391,15 @@ async def shutdown(server: FrontServer, router: Router, grace: float = 10.0) -> 
 class RouterServer:
     """A router serving on an address (a free loopback port by default), for tests and embedding."""
 
-    def __init__(self, router: Router, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, router: Router, host: str = "127.0.0.1", port: int = 0, server_class: type[Any] = FrontServer):
         self.router = router
         self.host = host
         self.port = port
-        self.server: FrontServer | None = None
+        self.server_class = server_class
+        self.server: Any = None
 
     async def start(self) -> RouterServer:
-        self.server = await serve(self.router, self.host, self.port)
+        self.server = await serve(self.router, self.host, self.port, self.server_class)
         self.port = self.server.port
         return self
 

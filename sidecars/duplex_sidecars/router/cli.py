@@ -14,8 +14,10 @@ import gc
 import logging
 import signal
 import sys
+from typing import Any
 
 from duplex_sidecars.event_loop import run_loop
+from duplex_sidecars.http1.server import FrontServer
 from duplex_sidecars.router.app import Router, serve, shutdown
 from duplex_sidecars.router.config_file import ConfigError, ConfigSource, flag_overrides
 
@@ -44,9 +46,9 @@ def source_from_args(args: argparse.Namespace) -> ConfigSource:
     return ConfigSource(args.config, overrides)
 
 
-async def _serve(router: Router) -> None:
+async def _serve(router: Router, server_class: type[Any]) -> None:
     cfg = router.config
-    server = await serve(router, cfg.host, cfg.port)
+    server = await serve(router, cfg.host, cfg.port, server_class)
     log.info(
         "router listening on %s:%d (prefill %d, decode %d engines, store %s, event loop %s)",
         cfg.host,
@@ -71,7 +73,7 @@ async def _serve(router: Router) -> None:
         await shutdown(server, router)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, server_class: type[Any] = FrontServer) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     disable_created_metrics()  # process-wide, and this process is the router: *_created series are noise here
     try:
-        run_loop(_serve(router))
+        run_loop(_serve(router, server_class))
     except OSError as exc:
         print(f"duplex router: {exc}", file=sys.stderr)
         return 1
