@@ -20,10 +20,11 @@ run: $(STAMP)
 test: $(STAMP) lint
 	$(VENV)/bin/pytest -q -rfE
 
-## Static checks: ruff (lint and format).
+## Static checks: ruff (lint and format), mypy (strict where the decisions live; see pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 test-unit: $(STAMP)
 	$(VENV)/bin/pytest -q tests/unit

@@ -108,7 +108,7 @@ class EnginePool:
                 self.engines[url] = engine
         return removed
 
-    def __contains__(self, url: str) -> bool:
+    def __contains__(self, url: object) -> bool:
         return url in self.engines
 
     def __len__(self) -> int:

@@ -275,7 +275,7 @@ async def _relay_events(deps: Deps, ctx: Context, engine: Engine, reader: legs.C
     try:
         # Whatever arrived since the last read goes out in one write.
         while chunk := await reader.read():
-            batch = relay.take_plain(parser, chunk)
+            batch: bytes | bytearray | None = relay.take_plain(parser, chunk)
             if batch is None:
                 batch = relay.take(parser.feed(chunk))
             if batch:
