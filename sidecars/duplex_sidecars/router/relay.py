@@ -21,6 +21,14 @@ from duplex_sidecars.router.sse import DONE, SSEEvent, SSEParser, encode_data
 _KV_MARKER = protocol.KV_PARAMS_FIELD.encode()
 _ESCAPE = b"\\u"  # a JSON \\u escape: a key could spell kv_transfer_params without the marker's bytes
 DONE_EVENT = b"data: [DONE]\n\n"
+# vLLM 0.33 writes `"kv_transfer_params":null` into every streamed chunk before the last. Outside a JSON string (where
+# every quote is escaped) these bytes can only be an object member with nothing in it: they are cut out as bytes.
+_NULL_PARAMS = b',"' + protocol.KV_PARAMS_FIELD.encode() + b'":null'
+
+
+def _only_null_params(raw: bytes) -> bool:
+    """Every mention of the params in `raw` is the null member (and no \\u escape could hide another)."""
+    return _ESCAPE not in raw and raw.count(_KV_MARKER) == raw.count(_NULL_PARAMS)
 
 
 class StreamRelay:
@@ -48,8 +56,12 @@ class StreamRelay:
         """`take` for the common chunk in one step: plain token events that cannot carry the params go out as the
         chunk's own bytes, with no event objects; a final [DONE] ends the stream. None when the chunk needs the
         event-by-event path (nothing consumed then)."""
-        if self.finished or self.kv_params is not None or _KV_MARKER in chunk or _ESCAPE in chunk:
+        if self.finished or self.kv_params is not None or _ESCAPE in chunk:
             return None
+        if _KV_MARKER in chunk:
+            if not _only_null_params(chunk):
+                return None
+            chunk = chunk.replace(_NULL_PARAMS, b"")
         split = parser.split_plain(chunk)
         if split is None:
             return None
@@ -77,6 +89,9 @@ class StreamRelay:
             self.finished = True
             return None  # [DONE] goes out after the entry is stored
         raw = event.raw
+        if _KV_MARKER in raw and _only_null_params(raw):
+            raw = raw.replace(_NULL_PARAMS, b"")
+            data = data.replace(_NULL_PARAMS, b"")
         marked = _KV_MARKER in raw or _ESCAPE in raw
         if not marked:
             if self.collector is not None:

@@ -305,6 +305,11 @@ extras = st.sampled_from(
         b"\n\n",
         b"data: a\ndata: b\n\n",
         b"data: \\u006b\n\n",
+        # vLLM 0.33's framing: every chunk before the last carries the params as null
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}],"kv_transfer_params":null}\n\n',
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"\\",\\"kv_transfer_params\\":null"}}],"kv_transfer_params":null}\n\n',
+        b'data: {"kv_transfer_params":null,"choices":[]}\n\n',
+        b'data: {"choices":[],"kv_transfer_params":null,"kv_transfer_params":{"a":1}}\n\n',
     ]
 )
 
@@ -323,6 +328,27 @@ def test_the_plain_fast_path_relays_exactly_what_the_event_path_does(objs, inser
     stream = b"".join(events) + (b"data: [DONE]\n\n" if done else b"") + b'data: {"after": 1}\n\n'
     chunks = split_at(stream, cuts)
     assert _relay_all(chunks, collect, plain=True) == _relay_all(chunks, collect, plain=False)
+
+
+def test_vllm_033_null_params_are_cut_out_without_parsing():
+    from duplex_sidecars.router.relay import StreamRelay
+
+    tokens = b"".join(
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"%d"},"finish_reason":null}],'
+        b'"kv_transfer_params":null}\n\n' % i
+        for i in range(3)
+    )
+    last = (
+        b'data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"kv_transfer_params":{"a":1}}\n\n'
+    )
+    relay = StreamRelay(ReplyCollector("chat"))
+    parser = SSEParser()
+    sent = relay.take_plain(parser, tokens)
+    assert sent == tokens.replace(b',"kv_transfer_params":null', b"")  # the fast path took it, bytes otherwise kept
+    assert relay.take_plain(parser, last + b"data: [DONE]\n\n") is None  # real params: the event path
+    relay.take(parser.feed(last + b"data: [DONE]\n\n"))
+    assert relay.kv_params == {"a": 1} and b"kv_transfer_params" not in relay.held
+    assert relay.collector.reply().content == "012"
 
 
 def test_the_plain_fast_path_takes_whole_token_chunks_and_leaves_the_rest_pending():
