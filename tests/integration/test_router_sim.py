@@ -295,3 +295,27 @@ async def test_engine_rejections_pass_through(make_rig):
         await rig.client.send([{"role": "user", "content": "hi"}])
     assert err.value.status == 404
     assert set(err.value.body["error"]) == {"message", "type", "code"}
+
+
+async def test_an_engine_that_streams_no_params_gives_its_own_miss_reason(make_rig):
+    # As vLLM 0.32 does: a streamed turn leaves nothing to replay. The next turn says why, and is still correct;
+    # a non-streamed turn on the same engine still gives reuse.
+    old = SimProcess("decode", "--no-stream-kv-params")
+    old.start()
+    try:
+        old.wait_ready()
+        rig = await make_rig(decodes=[old])
+        conv = Conversation(f"conv-{uuid.uuid4().hex}")
+        await rig.client.turn(conv, LONG + " streamed", stream=True)
+        before = copy.deepcopy(conv.messages) + [{"role": "user", "content": "and then?"}]
+        second = await rig.client.turn(conv, "and then?", stream=False)
+        assert second.text == expected_reply(before)
+        assert rig.misses("stream_no_params") == 1 and rig.hits == 0
+        await rig.client.turn(conv, "once more", stream=False)
+        assert rig.hits == 1  # the non-streamed turn before it left decode's params
+        captures = rig.router.metrics.registry.get_sample_value(
+            "duplex_router_kv_captures_total", {"outcome": "no_params", "stream": "true", "endpoint": old.url}
+        )
+        assert captures == 1
+    finally:
+        old.stop()

@@ -242,9 +242,14 @@ def test_streaming_decode_returns_params_on_the_final_chunk(sims):
 
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
-    with_params = [c for c in chunks if pr.KV_PARAMS_FIELD in c]
+    # vLLM 0.33's framing: the field is on every token chunk, null until the finishing chunk carries the params;
+    # the role chunk and the usage chunk do not have it.
+    with_params = [c for c in chunks if c.get(pr.KV_PARAMS_FIELD) is not None]
     final = next(c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"])
     assert with_params == [final]
+    tokens = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert all(pr.KV_PARAMS_FIELD in c for c in tokens)
+    assert pr.KV_PARAMS_FIELD not in chunks[0] and pr.KV_PARAMS_FIELD not in chunks[-1]
     usage = chunks[-1]["usage"]
     params = final[pr.KV_PARAMS_FIELD]
     assert params["remote_num_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] - 1
@@ -272,7 +277,7 @@ def test_unidirectional_decode_returns_no_params(sims):
     status, prefill = prefill_leg(p, body, pr.miss_params())
     assert status == 200
     events = stream(d, pr.decode_leg_body(body, prefill[pr.KV_PARAMS_FIELD]))
-    assert not [e for e in events if isinstance(e, dict) and pr.KV_PARAMS_FIELD in e]
+    assert not [e for e in events if isinstance(e, dict) and e.get(pr.KV_PARAMS_FIELD) is not None]
 
 
 def test_replay_with_another_conversations_prompt_is_detected(sims):

@@ -87,6 +87,12 @@ def parser() -> argparse.ArgumentParser:
     )
     bi.add_argument("--nixl-backend", default="UCX", help="NIXL backend plugin")
     bi.add_argument(
+        "--no-stream-kv-params",
+        dest="stream_kv_params",
+        action="store_false",
+        help="behave like vLLM 0.32: no kv_transfer_params in streamed answers (0.33 sends them on the last chunk)",
+    )
+    bi.add_argument(
         "--fail-on-corrupt",
         action="store_true",
         help="test mode: a block that fails verification makes the request fail with HTTP 500",
@@ -129,6 +135,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         block_bytes=args.block_bytes,
         enable_prefix_caching=args.enable_prefix_caching,
         bidirectional=args.bidirectional,
+        stream_kv_params=args.stream_kv_params,
         kv_recompute_threshold=args.kv_recompute_threshold,
         decoder_kv_blocks_ttl=args.decoder_kv_blocks_ttl,
         kv_lease_duration=args.kv_lease_duration,

@@ -29,6 +29,9 @@ class SimConfig:
     kv_load_failure_policy: str = "fail"  # vLLM's default; routers should run prefill with "recompute"
     nixl_backend: str = "UCX"
     fail_on_corrupt: bool = False
+    # vLLM 0.33 streams kv_transfer_params: null on every token chunk and the params on the finishing one; 0.32 sends
+    # none in a stream (False).
+    stream_kv_params: bool = True
     cost: CostModel = field(default_factory=CostModel)
 
     @property

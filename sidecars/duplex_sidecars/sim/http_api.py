@@ -1,7 +1,8 @@
 """vLLM's OpenAI-compatible HTTP surface for the simulated engine.
 
-Non-streaming replies carry a top-level `kv_transfer_params`; streaming replies carry it on the final chunk (the one
-with `finish_reason`), as vLLM does with PR #40186.
+Non-streaming replies carry a top-level `kv_transfer_params`. Streams are framed as vLLM 0.33 frames them: every
+token chunk carries `"kv_transfer_params": null` and the chunk with `finish_reason` carries the params (still null
+without bidirectional transfer); `--no-stream-kv-params` streams none at all, as vLLM 0.32 does.
 """
 
 from __future__ import annotations
@@ -192,6 +193,8 @@ class OpenAIApi:
         async def send(obj: Any) -> None:
             await resp.write(_event(obj))
 
+        stream_params = self.engine.cfg.stream_kv_params
+
         if reply.chat:
             await send(reply.chunk({"role": "assistant", "content": ""}, None))
         last = len(run.reply.tokens) - 1
@@ -199,13 +202,16 @@ class OpenAIApi:
             async with aclosing(self.engine.decode(run)) as tokens:
                 async for i, tok in _enumerate(tokens):
                     if i < last:  # the last token waits for the end of decoding, which yields the kv params
-                        await send(reply.token_chunk(i, tok, None))
+                        chunk = reply.token_chunk(i, tok, None)
+                        if stream_params:  # vLLM 0.33 sets the field on every token chunk (exclude_unset keeps it)
+                            chunk[KV_PARAMS_FIELD] = None
+                        await send(chunk)
         except OutOfBlocks as e:  # headers are gone already: report in-band, as vLLM does
             await send({"error": {"message": str(e), "type": "ServiceUnavailableError", "param": None, "code": 503}})
             await resp.write(b"data: [DONE]\n\n")
             return resp
         final = reply.token_chunk(last, run.reply.tokens[last], run.finish_reason)
-        if run.kv_params_out is not None:  # vLLM serializes stream chunks with exclude_unset
+        if stream_params:
             final[KV_PARAMS_FIELD] = run.kv_params_out
         await send(final)
         if include_usage:
