@@ -66,7 +66,7 @@ async def running() -> AsyncIterator[Running]:
 
 
 def metric(router: Router, name: str, **labels: str) -> float:
-    return router.metrics.registry.get_sample_value(name, labels or None) or 0.0
+    return router.metrics.total(name, **labels)
 
 
 async def test_decode_killed_mid_stream_ends_the_stream_cleanly(running):

@@ -65,7 +65,7 @@ class Rig:
         self.engines = engines
 
     def metric(self, name: str, **labels: str) -> float:
-        return self.router.metrics.registry.get_sample_value(name, labels or None) or 0.0
+        return self.router.metrics.total(name, **labels)
 
     @property
     def hits(self) -> float:

@@ -177,5 +177,14 @@ class RouterMetrics:
     def miss(self, reason: str) -> None:
         self.reuse_misses.labels(reason).inc()
 
+    def total(self, name: str, **labels: str) -> float:
+        """The sum of the samples called `name` whose labels include `labels` (0 when there is none)."""
+        return sum(
+            sample.value
+            for family in self.registry.collect()
+            for sample in family.samples
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

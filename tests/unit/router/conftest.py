@@ -44,13 +44,7 @@ class Rig:
         return self.server.url
 
     def metric(self, name: str, **labels: str) -> float:
-        """The sum of `name`'s samples whose labels include `labels`."""
-        return sum(
-            sample.value
-            for family in self.router.metrics.registry.collect()
-            for sample in family.samples
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-        )
+        return self.router.metrics.total(name, **labels)
 
     async def post(
         self, path: str, body: Any = None, *, data: bytes | None = None, headers: dict[str, str] | None = None
