@@ -33,6 +33,7 @@ import history_bench
 import numpy as np
 import procstat
 import report
+import results_io
 from contenders import (
     DuplexRouter,
     Floor,
@@ -693,13 +694,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or os.path.join(
         BENCH, "results", f"router-{started.date().isoformat()}" + ("-quick" if args.quick else "")
     )
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out + ".json", "w") as f:
-        json.dump(results, f, indent=1, default=float)
-        f.write("\n")
     markdown = report.markdown(results)
-    with open(out + ".md", "w") as f:
-        f.write(markdown)
+    results_io.write(out, results, markdown)
     print(markdown)
     say(f"wrote {os.path.relpath(out, ROOT)}.md and .json")
     return 0

@@ -39,7 +39,10 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import procstat
+import results_io
 
 from duplex_sidecars import protocol
 from duplex_sidecars.router.config import StoreConfig
@@ -568,10 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     args.sizes = [int(x) for x in args.sizes.split(",")]
     run = run_all(args)
     stem = os.path.join(args.out, f"store-{run['meta']['started_utc'][:10]}")
-    with open(stem + ".json", "w") as f:
-        json.dump(run, f, indent=1)
-    with open(stem + ".md", "w") as f:
-        f.write(markdown(run))
+    results_io.write(stem, run, markdown(run))
     print(f"wrote {stem}.md and {stem}.json", file=sys.stderr)
     return 0
 
