@@ -28,8 +28,20 @@ class EndpointSliceDiscovery(_Strict):
 
 
 class ConversationConfig(_Strict):
+    keying: Literal["id", "history", "both"] = Field(
+        "both",
+        description="How a turn finds decode's blocks from the previous one: by the conversation id the client sends "
+        "(id), by the digest of its history up to its last assistant turn (history), or by the id when there is one "
+        "and by the history otherwise (both).",
+    )
     body_field: str | None = Field("conversation_id", description="Top-level body field holding the conversation id.")
     header: str | None = Field("X-Conversation-Id", description="Request header holding the conversation id.")
+    session_headers: list[str] = Field(
+        default_factory=lambda: ["X-Claude-Code-Session-Id"],
+        description="Headers of agent harnesses naming a session: they scope history-keyed entries (a session holds "
+        "several conversations, e.g. subagents, so it never names one). Defaults to the headers the harnesses "
+        "document (Claude Code: X-Claude-Code-Session-Id).",
+    )
     tenant_header: str = Field(
         "Authorization", description="Header whose digest scopes conversation state to a tenant."
     )
@@ -45,8 +57,8 @@ class ConversationConfig(_Strict):
                 f"conversation ttl_seconds ({self.ttl_seconds:g}) must be strictly below the engines' "
                 f"decoder_kv_blocks_ttl ({self.engine_blocks_ttl_seconds:g})"
             )
-        if self.body_field is None and self.header is None:
-            raise ValueError("at least one of body_field or header must name where the conversation id is read")
+        if self.keying == "id" and self.body_field is None and self.header is None:
+            raise ValueError("keying 'id' needs body_field or header to name where the conversation id is read")
         return self
 
 

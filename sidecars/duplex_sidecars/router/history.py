@@ -94,14 +94,31 @@ def tenant_of(header_value: str | None) -> str:
     return _sha(b"tenant\0" + header_value.encode("utf-8", "surrogatepass"))
 
 
-def state_key(tenant: str, model: str, conversation_id: str) -> str:
-    """The store key of a conversation: hashed, so neither ids nor credentials are kept in the store."""
-    h = hashlib.sha256(b"conv" + _V)
-    for part in (tenant, model, conversation_id):
+def _key(tag: bytes, *parts: str) -> str:
+    h = hashlib.sha256(tag + _V)
+    for part in parts:
         data = part.encode("utf-8", "surrogatepass")
-        h.update(len(data).to_bytes(8, "big"))  # length-prefixed: no two different triples give the same bytes
+        h.update(len(data).to_bytes(8, "big"))  # length-prefixed: no two different part lists give the same bytes
         h.update(data)
     return h.hexdigest()
+
+
+def state_key(tenant: str, model: str, conversation_id: str) -> str:
+    """The store key of a conversation named by the client: hashed, so neither ids nor credentials are kept in the
+    store."""
+    return _key(b"conv", tenant, model, conversation_id)
+
+
+def history_base(tenant: str, model: str, session: str, scope: str) -> str:
+    """What every history key of a conversation without an id starts from: its tenant, model, harness session (""
+    without one) and scope digest."""
+    return _key(b"histbase", tenant, model, session, scope)
+
+
+def history_key(base: str, covered_digest: str) -> str:
+    """The store key of decode's blocks covering a history (its digest), for conversations keyed by their history:
+    the next turn finds them by the digest of its messages up to its last assistant turn."""
+    return _key(b"hist", base, covered_digest)
 
 
 def scope_digest(route: str, body: dict[str, Any]) -> str:
@@ -189,10 +206,19 @@ class Reply:
 class History:
     """A request's prompt in comparable form: canonical messages (chat) or the prompt text (completions)."""
 
-    def __init__(self, kind: Literal["messages", "text"], messages: list[bytes] | None = None, text: str = ""):
+    def __init__(
+        self,
+        kind: Literal["messages", "text"],
+        messages: list[bytes] | None = None,
+        text: str = "",
+        turn_boundary: int = 0,
+    ):
         self.kind = kind
         self._messages = messages or []
         self._text = text
+        # Messages up to and including the last assistant turn: what the previous turn's blocks covered, if this
+        # request continues one (0: nothing to continue).
+        self.turn_boundary = turn_boundary
         # The running digest over the first n messages: the reuse check and the record after decode both hash the
         # same leading messages, so the second continues where the first stopped.
         self._running: tuple[int, Any] = (0, _messages_hasher())
@@ -205,7 +231,8 @@ class History:
             if not isinstance(messages, list) or not messages:
                 return None
             encoded = []
-            for message in messages:
+            boundary = 0
+            for i, message in enumerate(messages):
                 normalized = normalize_message(message)
                 if normalized is None or not _content_is_stable(normalized.get("content")):
                     return None
@@ -213,7 +240,9 @@ class History:
                     encoded.append(canonical(normalized))
                 except (TypeError, ValueError):
                     return None
-            return cls("messages", messages=encoded)
+                if normalized.get("role") == "assistant":
+                    boundary = i + 1
+            return cls("messages", messages=encoded, turn_boundary=boundary)
         prompt = body.get("prompt")
         if isinstance(prompt, str) and prompt:
             return cls("text", text=prompt)
@@ -290,10 +319,6 @@ def reply_not_storable(request_body: dict[str, Any], reply: Reply) -> str | None
         return "reply has several choices"
     if reply.finish_reason not in ("stop", "length", "tool_calls"):
         return f"finish_reason {reply.finish_reason!r}"
-    if reply.reasoning:
-        # Clients and chat templates commonly drop reasoning from history, so the next prompt would not start with
-        # what decode computed (vLLM issue #43094).
-        return "reply carries reasoning that the next prompt may not replay"
     # A stop string's tokens are in decode's blocks but not in the reply text. A stop token id (int) or EOS is the
     # last sampled token, which has no KV yet, so only a string stop is unsafe; an engine that does not report
     # stop_reason leaves us in doubt.

@@ -19,6 +19,8 @@ MISS_REASONS: tuple[str, ...] = (
     "prefill_retry",
     "no_params",
     "stream_no_params",
+    "reasoning",
+    "no_prior_turn",
 )
 
 

@@ -259,7 +259,7 @@ async def relay_body(deps: Deps, ctx: Context, engine: Engine, resp: EngineRespo
 
 async def relay_stream(deps: Deps, ctx: Context, engine: Engine, resp: EngineResponse) -> None:
     reader = legs.ChunkReader(resp, deps.config.timeouts.decode_idle_seconds)
-    relay = StreamRelay(ReplyCollector(ctx.turn.route) if ctx.turn.key else None)
+    relay = StreamRelay(ReplyCollector(ctx.turn.route) if ctx.turn.keying else None)
     try:
         await _relay_events(deps, ctx, engine, reader, relay)
     finally:
@@ -341,7 +341,7 @@ async def answer_and_record(
 ) -> None:
     """Send the client the end of its answer and store what decode retained, in the order that lets the client's
     next turn always find the entry (see 5. above)."""
-    if ctx.turn.key is None or deps.store.immediate:
+    if ctx.turn.keying is None or deps.store.immediate:
         try:
             answer()
         finally:
@@ -359,9 +359,8 @@ async def record(deps: Deps, turn: Turn, engine: Engine, kv_params: Any, reply: 
         outcome = capture.outcome
         if capture.why is not None:
             log.debug("request %s: not storing decode's blocks: %s", turn.request_id, capture.why)
-        if capture.entry is not None:
-            assert turn.key is not None
-            evicted = await deps.store.put(turn.key, capture.entry, deps.config.conversation.ttl_seconds)
+        if capture.entry is not None and capture.key is not None:
+            evicted = await deps.store.put(capture.key, capture.entry, deps.config.conversation.ttl_seconds)
             if evicted:
                 deps.metrics.store_dropped.inc(evicted)
             observe_store_bytes(deps)
@@ -371,8 +370,7 @@ async def record(deps: Deps, turn: Turn, engine: Engine, kv_params: Any, reply: 
     except Exception:
         log.exception("request %s: recording decode's blocks failed", turn.request_id)
         outcome = "not_stored"
-    if turn.key is not None:
-        engine.saw_params(turn.stream, kv_params is not None)
+    engine.saw_params(turn.stream, kv_params is not None)
     deps.metrics.captures.labels(outcome, "true" if turn.stream else "false", engine.url).inc()
 
 

@@ -20,6 +20,7 @@ from duplex_sidecars.router.turn import Turn
 # Tombstone reasons for a decode reply without params, so that the next turn's miss says why.
 NO_PARAMS = "no_params"  # decode sent no kv_transfer_params (not started with bidirectional_kv_xfer?)
 STREAM_NO_PARAMS = "stream_no_params"  # ... in a streamed answer (vLLM before 0.33 streams none)
+REASONING = "reasoning"  # the reply carried reasoning, which the next prompt drops
 
 
 class _StoreFailed:
@@ -51,7 +52,7 @@ def _miss(reason: str, sticky: str | None = None) -> Decision:
 def needs_lookup(turn: Turn) -> Decision | None:
     """The miss a turn gets without asking the store, or None when its entry must be taken."""
     if turn.key is None:
-        return _miss("no_conversation_id")
+        return _miss(turn.no_key_reason)
     if turn.history is None:
         # The entry stays in the store: this request cannot use it, a later well-formed turn still may.
         return _miss(NOT_REPLAYABLE)
@@ -95,26 +96,37 @@ class Capture:
     """What decode's answer leaves for the conversation's next turn."""
 
     outcome: str  # the capture metric's outcome: stored, not_replayable, no_params, not_stored
-    entry: Entry | None  # what to store (an entry or a tombstone); None: nothing
+    entry: Entry | None = None  # what to store (an entry or a tombstone); None: nothing
+    key: str | None = None  # where
     why: str | None = None  # for the debug log
 
 
 def after_decode(turn: Turn, decode_url: str, kv_params: Any, reply: Reply) -> Capture:
-    """The entry to store after decode answered `reply` with `kv_params` (None when it sent none)."""
-    if turn.key is None:
-        return Capture("not_stored", None)
+    """The entry to store after decode answered `reply` with `kv_params` (None when it sent none), and where. A reply
+    that cannot be replayed leaves a tombstone saying why, so that the next turn's miss names the cause."""
+    if turn.keying is None:
+        return Capture("not_stored")
+    covered = turn.history.covered_with(reply) if turn.history is not None else None
+    key = turn.store_key(covered)
+    if key is None:
+        return Capture("not_stored", why="no key for this history")
+
+    def tombstone(outcome: str, reason: str, why: str) -> Capture:
+        return Capture(outcome, Entry(decode_url=decode_url, reason=reason), key, why)
+
     if kv_params is None:
-        reason = STREAM_NO_PARAMS if turn.stream else NO_PARAMS
-        return Capture(NO_PARAMS, Entry(decode_url=decode_url, reason=reason), "decode returned no kv_transfer_params")
+        return tombstone(NO_PARAMS, STREAM_NO_PARAMS if turn.stream else NO_PARAMS, "decode sent no kv_transfer_params")
     replayable = protocol.replayable_decode_params(kv_params)
-    why = None
     if replayable is None:
-        why = "decode's kv_transfer_params are incomplete"
-    else:
-        why = request_not_storable(turn.route, turn.body) or reply_not_storable(turn.body, reply)
-        if why is None and turn.history is None:
-            why = "the request's history cannot be compared"
-    if why is not None or turn.history is None or replayable is None:
-        return Capture(NOT_REPLAYABLE, Entry(decode_url=decode_url, reason=NOT_REPLAYABLE), why)
-    entry = Entry(decode_url=decode_url, params=replayable, covered=turn.history.covered_with(reply), scope=turn.scope)
-    return Capture("stored", entry)
+        return tombstone(NOT_REPLAYABLE, NOT_REPLAYABLE, "decode's kv_transfer_params are incomplete")
+    if reply.reasoning:
+        # Clients and chat templates drop earlier reasoning from the next prompt, which then does not start with what
+        # decode computed (vLLM issue #43094): unusable by construction, and counted apart.
+        return tombstone(NOT_REPLAYABLE, REASONING, "the reply carries reasoning the next prompt drops")
+    why = request_not_storable(turn.route, turn.body) or reply_not_storable(turn.body, reply)
+    if why is not None:
+        return tombstone(NOT_REPLAYABLE, NOT_REPLAYABLE, why)
+    if covered is None:
+        return tombstone(NOT_REPLAYABLE, NOT_REPLAYABLE, "the request's history cannot be compared")
+    entry = Entry(decode_url=decode_url, params=replayable, covered=covered, scope=turn.scope)
+    return Capture("stored", entry, key)

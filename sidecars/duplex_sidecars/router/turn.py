@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from duplex_sidecars.protocol import KV_PARAMS_FIELD
 from duplex_sidecars.router import jsonio
@@ -17,7 +17,10 @@ from duplex_sidecars.router.exchange import Exchange
 from duplex_sidecars.router.history import (
     CHAT_ROUTE,
     COMPLETIONS_ROUTE,
+    Covered,
     History,
+    history_base,
+    history_key,
     scope_digest,
     state_key,
     tenant_of,
@@ -37,17 +40,29 @@ class Turn:
     stream: bool
     request_id: str
     conversation_id: str | None
-    key: str | None  # store key; None without a conversation id
+    key: str | None  # the store entry this turn takes; None: nothing to look up (`no_key_reason` says why)
     history: History | None
     scope: str
     started: float = field(default_factory=time.perf_counter)
     # False when the body needed the standard library's parser (NaN, integers beyond 64 bits, ...): the legs are then
     # written by it too, so engines get the client's values unchanged, and the history is not compared.
     exact_json: bool = True
+    keying: Literal["id", "history"] | None = "id"  # how this conversation's entries are keyed; None: not stored
+    base: str | None = None  # history keying: what every key of this conversation starts from
+    no_key_reason: str = "no_conversation_id"
 
     def encode(self, body: dict[str, Any]) -> bytes:
         """A leg's body (built from this turn's body) as JSON."""
         return jsonio.dumps(body, self.exact_json)
+
+    def store_key(self, covered: Covered | None) -> str | None:
+        """Where decode's blocks after this turn are stored: under the conversation id, or, keyed by history, under
+        the digest of the history they cover (what the next turn looks up)."""
+        if self.keying == "id":
+            return self.key
+        if self.keying == "history" and self.base is not None and covered is not None:
+            return history_key(self.base, covered.digest)
+        return None
 
 
 def body_of(request: Exchange, max_bytes: int) -> bytes:
@@ -144,15 +159,17 @@ def parse_turn(request: Exchange, raw: bytes, conversation: ConversationConfig, 
         raise ModelNotFound(model)
     check_fields(OPTION_CHECKS[:1] + ROUTE_CHECKS[route] + OPTION_CHECKS[1:], body)
     conversation_id = conversation_of(request, body, conversation)
-    tenant_header = _single_header(request, conversation.tenant_header)
+    tenant = tenant_of(_single_header(request, conversation.tenant_header))
+    sessions = [_single_header(request, name) or "" for name in conversation.session_headers]
     # Only the router decides what an engine reads or retains; a client must never steer it.
     body.pop(KV_PARAMS_FIELD, None)
 
-    key = None
-    if conversation_id is not None:
-        key = state_key(tenant_of(tenant_header), model, conversation_id)
-    comparable = key is not None and exact  # digests are taken only of values read exactly
-    return Turn(
+    by_id = conversation_id is not None and conversation.keying != "history"
+    by_history = not by_id and conversation.keying != "id"
+    # Digests are taken only of values read exactly.
+    history = History.of_request(route, body) if exact and (by_id or by_history) else None
+    scope = scope_digest(route, body) if history is not None or (by_id and exact) else ""
+    turn = Turn(
         route=route,
         path=request.path,
         body=body,
@@ -160,8 +177,22 @@ def parse_turn(request: Exchange, raw: bytes, conversation: ConversationConfig, 
         stream=bool(body.get("stream")),
         request_id=request_id_of(request),
         conversation_id=conversation_id,
-        key=key,
-        history=History.of_request(route, body) if comparable else None,
-        scope=scope_digest(route, body) if comparable else "",
+        key=None,
+        history=history,
+        scope=scope,
         exact_json=exact,
+        keying=None,
     )
+    if by_id:
+        assert conversation_id is not None
+        turn.keying, turn.key = "id", state_key(tenant, model, conversation_id)
+    elif by_history and history is not None and history.kind == "messages":
+        turn.keying, turn.base = "history", history_base(tenant, model, "\0".join(sessions), scope)
+        covered = history.prefix_digest(history.turn_boundary)
+        turn.key = history_key(turn.base, covered) if covered is not None else None
+        turn.no_key_reason = "no_prior_turn"
+    elif by_history and exact:
+        turn.no_key_reason = "no_conversation_id"  # a prompt without turns (completions) needs an id
+    elif by_history:
+        turn.no_key_reason = "not_replayable"
+    return turn

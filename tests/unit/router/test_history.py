@@ -268,7 +268,6 @@ def test_what_cannot_be_stored():
     assert reply_not_storable({}, Reply(content="x", finish_reason="length")) is None
     assert reply_not_storable({}, Reply(content="x", finish_reason="abort"))
     assert reply_not_storable({}, Reply(content="x", finish_reason=None))
-    assert reply_not_storable({}, Reply(content="x", finish_reason="stop", reasoning="hmm"))
     assert reply_not_storable({}, Reply(content="x", finish_reason="stop", choices=2))
     assert reply_not_storable({"stop": ["##"]}, Reply(content="x", finish_reason="stop", stop_reason="##"))
     assert reply_not_storable({"stop": ["##"]}, Reply(content="x", finish_reason="stop", stop_reason=None))
