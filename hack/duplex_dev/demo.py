@@ -123,7 +123,10 @@ def tool_output(turn: int) -> str:
     return "\n".join(" ".join(words[i : i + 8]) for i in range(0, len(words), 8))
 
 
-async def chat(url: str, conversation_id: str | None, turns: int) -> list[dict[str, Any]]:
+async def chat(url: str, conversation_id: str, turns: int, fresh_each_turn: bool = False) -> list[dict[str, Any]]:
+    """A multi-turn agentic chat through the router. `fresh_each_turn` gives every turn a new conversation id, so that
+    nothing is ever found to reuse: the plain P-D baseline (a client without an id would get reuse keyed by its
+    history)."""
     import aiohttp
 
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent. Use the tools."}]
@@ -157,8 +160,7 @@ async def chat(url: str, conversation_id: str | None, turns: int) -> list[dict[s
                 "stream": True,
                 "stream_options": {"include_usage": True},
             }
-            if conversation_id:
-                body["conversation_id"] = conversation_id
+            body["conversation_id"] = f"{conversation_id}-turn-{turn}" if fresh_each_turn else conversation_id
             started = time.perf_counter()
             ttft, text, usage = None, "", {}
             async with http.post(url + "/v1/chat/completions", json=body) as resp:
@@ -198,14 +200,17 @@ def live_chat(cluster: LocalCluster, turns: int) -> None:
         with RouterProcess(config=config) as router:
             asyncio.run(chat(router.url, "warm-up", 2))  # connections and NIXL handshakes, so turn 1 compares fairly
             results = {}
-            for label, conv in (("recompute (no conversation_id)", None), ("duplex reuse", "demo-conversation-1")):
+            for label, conv, fresh in (
+                ("recompute", "demo-recompute", True),
+                ("duplex reuse", "demo-conversation", False),
+            ):
                 before = prefill.metric("vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
-                results[label] = asyncio.run(chat(router.url, conv, turns))
+                results[label] = asyncio.run(chat(router.url, conv, turns, fresh))
                 after = prefill.metric("vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
                 results[label + " read"] = after - before
             corrupt = prefill.metric("sim_corrupt_blocks_total") + decode.metric("sim_corrupt_blocks_total")
             hits = router.metric("duplex_router_kv_reuse_hits_total") - 1  # minus the warm-up's hit
-    base, reuse = results["recompute (no conversation_id)"], results["duplex reuse"]
+    base, reuse = results["recompute"], results["duplex reuse"]
     print()
     print(f"{'turn':>4} {'prompt tokens':>13} {'TTFT recompute':>15} {'TTFT duplex':>12} {'saved':>7}")
     for b, r in zip(base, reuse, strict=False):
@@ -214,7 +219,7 @@ def live_chat(cluster: LocalCluster, turns: int) -> None:
     print()
     say(
         f"router reuse hits: {hits:.0f} of {turns - 1} possible; tokens prefill read back from decode over NIXL: "
-        f"{results['duplex reuse read']:.0f} (without conversation_id: {results['recompute (no conversation_id) read']:.0f}); "
+        f"{results['duplex reuse read']:.0f} (recompute: {results['recompute read']:.0f}); "
         f"corrupt blocks: {corrupt:.0f}"
     )
     if corrupt:
