@@ -450,6 +450,9 @@ class VllmEngine:
         """SIGKILL the whole engine at once, as a crash would."""
         if self.record is not None:
             processes.stop(self.record, grace=0)
+            deadline = time.monotonic() + 5
+            while processes.exit_code(self.record) is None and time.monotonic() < deadline:
+                time.sleep(0.05)  # reap it, so no zombie is left behind
             self.record = None
 
     def restart(self) -> VllmEngine:
