@@ -12,13 +12,14 @@ finds or builds it with `duplex_dev.models.model_dir(preset)`.
 
 Presets (Qwen3ForCausalLM, float32, untied embeddings, initializer_range 0.3 so that greedy output varies):
 
-* `test`: hidden 128, 2 layers, 2 heads of 64, 1 KV head, max_model_len 8192; about 0.4 M parameters. Engines start
+* `test`: hidden 128, 2 layers, 2 heads of 64, 1 KV head, max_model_len 8192; 0.6 M parameters. Engines start
   and answer fast; the realvllm test tier uses it.
-* `bench`: hidden 1024, 8 layers, 8 heads of 128, 2 KV heads, intermediate 3072, max_model_len 16384; about 94 M
-  parameters (2.2 GFLOP per token plus attention). Sized so prefill compute dominates at multi-thousand-token
-  histories on a 2-core CPU with one OpenMP thread per engine: a 4096-token prompt took 3.1 s to prefill on vLLM
-  0.32 (and 1024 tokens 0.6 s), while decoding a token took about 25 ms, so reusing decode's KV instead of
-  recomputing it is visible in TTFT.
+* `bench`: hidden 1024, 8 layers, 8 heads of 128, 2 KV heads, intermediate 3072, max_model_len 16384; 100.7 M
+  parameters (about 0.2 GFLOP per token, plus attention that grows with the context). Sized so that prefill compute
+  dominates at multi-thousand-token histories on this 2-core CPU with one OpenMP thread per engine. Measured on
+  vLLM 0.32 (2026-12-01, machine load ~10): a 1497-token prompt prefills in 1.5 s and a 5987-token one in 9.5 s,
+  while a decoded token costs 45-110 ms, so a turn that reads decode's KV instead of recomputing a long history
+  saves seconds of TTFT.
 
 Two properties the tests rely on:
 
