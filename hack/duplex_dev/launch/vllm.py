@@ -464,7 +464,8 @@ class VllmEngine:
 
     # -- observation ------------------------------------------------------------------------------------------
     def metrics(self) -> list[tuple[str, dict[str, str], float]]:
-        return processes.scrape(f"{self.url}/metrics")
+        # A CPU engine busy with a prefill on shared cores can take seconds to answer a scrape.
+        return processes.scrape(f"{self.url}/metrics", timeout=60)
 
     def metric(self, name: str, **labels: str) -> float:
         return processes.metric_sum(self.metrics(), name, **labels)
