@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from duplex_dev import models
 from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.vllm import VllmEngine, start_all

@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 import pytest
+
 from duplex_sidecars.protocol import miss_params
 
 from .rig import LONG, chat_body, completion_body, post

@@ -126,8 +126,8 @@ def test_blocks_expired_on_the_engine_are_declined_and_recomputed(engines, short
 
 def test_streamed_turn_leaves_nothing_to_replay_behind_vllm_0_32(engines, router):
     """vLLM 0.32 sends no kv_transfer_params in a stream (0.33 puts them on the chunk with finish_reason), so the
-    router has nothing to store after a streamed turn: today it records a tombstone (capture outcome no_params) and
-    the next turn is a `not_replayable` miss. Tighten this when the router gets a dedicated miss reason."""
+    router has nothing to store after a streamed turn: it records a tombstone (capture outcome no_params) and the
+    next turn is a `stream_no_params` miss that prefill recomputes."""
     # What decode itself streams after a prefill leg (the protocol by hand, no router in between).
     prompt = [{"role": "user", "content": LONG}]
     miss = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None}
@@ -161,6 +161,6 @@ def test_streamed_turn_leaves_nothing_to_replay_behind_vllm_0_32(engines, router
     messages = prompt + [{"role": "assistant", "content": text}, {"role": "user", "content": "Go on."}]
     result = chat(router.url, messages, conv)
     delta = Counters.read(engines.prefill, router) - before
-    assert delta.hits == 0 and delta.misses == {"no_entry": 1, "not_replayable": 1}
+    assert delta.hits == 0 and delta.misses == {"no_entry": 1, "stream_no_params": 1}
     assert delta.external == delta.reads == 0
     assert_same_answer(result, chat(engines.prefill.url, messages))
