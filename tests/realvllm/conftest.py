@@ -28,7 +28,7 @@ from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.vllm import VllmEngine, start_all
 from duplex_dev.models import SetupMissing
 
-from .rig import SHORT_TTL, wait_ready_engines
+from .rig import REPLAY_SECONDS, SHORT_TTL, wait_ready_engines
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -42,7 +42,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ours = [item for item in items if Path(str(item.fspath)).is_relative_to(here)]
     for item in ours:
         item.add_marker(pytest.mark.realvllm)
-    # A test that leaves a request stuck on prefill (FAILED_READ_HANGS) would slow every later test: run those last.
+    # A test that leaves a request stuck on prefill (rig.REPLAY_SECONDS: vLLM 0.32 leaves a failed read waiting) would slow every later test: run those last.
     stuck = [item for item in ours if item.get_closest_marker("leaves_prefill_stuck")]
     items[:] = [item for item in items if item not in stuck] + stuck
 
@@ -92,8 +92,12 @@ def engines(model_dir: Path) -> Iterator[Engines]:
 
 
 # The router's health probe is 2 s by default; on 2 shared cores an engine busy with a prefill can take longer to
-# answer /health, which would take it out of rotation for nothing.
-ROUTER_CONFIG: dict[str, Any] = {"health_check": {"interval_seconds": 1.0, "timeout_seconds": 20.0}}
+# answer /health, which would take it out of rotation for nothing. A replaying prefill that hangs (vLLM 0.32, see
+# rig.REPLAY_SECONDS) is abandoned sooner than the default 30 s, to keep the tier short.
+ROUTER_CONFIG: dict[str, Any] = {
+    "health_check": {"interval_seconds": 1.0, "timeout_seconds": 20.0},
+    "timeouts": {"replay_prefill_seconds": REPLAY_SECONDS},
+}
 
 
 def _router(prefill: VllmEngine, decode: VllmEngine) -> RouterProcess:

@@ -22,12 +22,10 @@ EXTERNAL = "vllm:prompt_tokens_by_source_total"
 # Observed on vLLM 0.32 (CPU build) in every run: after prefill declines (expired blocks) or fails (decode gone,
 # NIXL_ERR_REMOTE_DISCONNECT) a D->P read, the worker logs "Skipping KV post-processing for failed request", and the
 # request then stays in WAITING_FOR_REMOTE_KVS ("KV fetch: 1 in progress") instead of being recomputed under
-# kv_load_failure_policy=recompute, while the engine core steps (and spins) forever.
-FAILED_READ_HANGS = (
-    "vLLM 0.32 CPU: a declined or failed D->P read leaves the prefill request in WAITING_FOR_REMOTE_KVS "
-    "(never recomputed despite kv_load_failure_policy=recompute)"
-)
-STUCK_TURN_SECONDS = 120  # a turn this slow is the hang above, not a slow machine
+# kv_load_failure_policy=recompute. The router abandons such a replaying prefill leg after
+# timeouts.replay_prefill_seconds and recomputes (the tier's routers use REPLAY_SECONDS).
+REPLAY_SECONDS = 20
+STUCK_TURN_SECONDS = 120  # a turn this slow is a hang, not a slow machine
 LONG = "Please summarise the following report in detail, and answer every question in it. " * 4
 
 

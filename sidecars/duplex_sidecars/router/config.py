@@ -91,6 +91,13 @@ class StoreConfig(_Strict):
 class TimeoutsConfig(_Strict):
     connect_seconds: float = Field(5.0, gt=0)
     prefill_seconds: float = Field(600.0, gt=0, description="Whole prefill leg.")
+    replay_prefill_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="Whole prefill leg that carries decode's blocks. Past it the read is abandoned and prefill "
+        "recomputes: vLLM 0.32 leaves a request whose read failed or was declined waiting for ever, and a read slower "
+        "than this would lose to recomputing anyway.",
+    )
     decode_first_byte_seconds: float = Field(600.0, gt=0, description="Until decode's response headers arrive.")
     decode_idle_seconds: float = Field(120.0, gt=0, description="Longest gap between decode stream chunks.")
 

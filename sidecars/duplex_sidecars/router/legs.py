@@ -120,7 +120,7 @@ async def prefill(
     connection)."""
     resp: EngineResponse | None = None
     try:
-        async with asyncio.timeout(timeouts.prefill_seconds):
+        async with asyncio.timeout(timeouts.replay_prefill_seconds if replay else timeouts.prefill_seconds):
             resp = await client.post(
                 base,
                 path,

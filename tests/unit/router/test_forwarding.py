@@ -336,6 +336,22 @@ async def test_prefill_failure_retries_elsewhere_without_reuse(make_rig):
     assert rig.metric("duplex_router_kv_reuse_hits_total") == 0
 
 
+async def test_a_replay_that_never_answers_is_abandoned_and_recomputed(make_rig):
+    # vLLM 0.32 leaves a request whose read of decode's blocks failed waiting for ever: the replaying leg has a
+    # budget of its own, far below the prefill leg's, and the client still gets its answer by recompute.
+    rig = await make_rig(timeouts={"replay_prefill_seconds": 0.5})
+    _, _, text = await rig.chat([USER])
+    history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+    rig.p.actions = ["hang"]
+    started = time.monotonic()
+    status, _, _ = await rig.chat(history)
+    assert status == 200 and time.monotonic() - started < 3
+    replayed, recomputed = rig.p.seen[1:]
+    assert kv_in(replayed)["remote_engine_id"] == "d0" and kv_in(recomputed) == protocol.miss_params()
+    assert rig.metric("duplex_router_backend_errors_total", leg="prefill", kind="timeout") == 1
+    assert rig.metric("duplex_router_kv_reuse_misses_total", reason="prefill_retry") == 1
+
+
 async def test_prefill_failing_everywhere_is_a_502(make_rig):
     rig = await make_rig(n_prefill=2)
     for engine in rig.prefill:
