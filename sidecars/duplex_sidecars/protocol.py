@@ -5,6 +5,7 @@ One place for the wire contract: the router, the engine simulator and the tests 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 # What the router sends on a prefill leg when it has nothing safe to replay (plain recompute).
@@ -84,13 +85,28 @@ def replay_params(stored: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def prefill_leg_body(client_body: dict[str, Any], kv_params: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class LegShape:
+    """How a client API's request becomes the prefill leg: its token limit (the first field always set to 1, the
+    others when present) and the fields prefill must not carry."""
+
+    max_tokens: tuple[str, ...] = ("max_tokens", "max_completion_tokens")
+    dropped: tuple[str, ...] = PREFILL_DROPPED_FIELDS
+
+
+OPENAI_LEGS = LegShape()
+
+
+def prefill_leg_body(
+    client_body: dict[str, Any], kv_params: dict[str, Any], shape: LegShape = OPENAI_LEGS
+) -> dict[str, Any]:
     """The body sent to prefill: the client's request capped at one token, non-streaming, with kv params."""
-    body = {k: v for k, v in client_body.items() if k not in PREFILL_DROPPED_FIELDS}
+    body = {k: v for k, v in client_body.items() if k not in shape.dropped}
     body["stream"] = False
-    body["max_tokens"] = 1
-    if "max_completion_tokens" in body:
-        body["max_completion_tokens"] = 1
+    body[shape.max_tokens[0]] = 1
+    for name in shape.max_tokens[1:]:
+        if name in body:
+            body[name] = 1
     body[KV_PARAMS_FIELD] = kv_params
     return body
 
@@ -105,22 +121,29 @@ def decode_leg_body(client_body: dict[str, Any], prefill_params: dict[str, Any] 
     return body
 
 
+# Where the params may sit inside an answer object besides its top level: OpenAI's choices, and the response or
+# message object that Responses and Anthropic stream events wrap.
+_NESTED_IN = ("response", "message")
+
+
 def strip_kv_params(obj: Any) -> tuple[Any, bool]:
-    """Remove kv_transfer_params from a response object (top level and each choice), in place; returns the params
-    (the top level's first) and whether the field was there at all, even as null. Nothing engine-internal may reach
-    a client."""
+    """Remove kv_transfer_params from an answer object or stream event, in place: its top level, each choice, and a
+    wrapped response or message object. Returns the params (the first found) and whether the field was there at
+    all, even as null. Nothing engine-internal may reach a client."""
     if not isinstance(obj, dict):
         return None, False
     found = KV_PARAMS_FIELD in obj
     params = obj.pop(KV_PARAMS_FIELD, None)
-    choices = obj.get("choices")
-    if isinstance(choices, list):
-        for choice in choices:
-            if isinstance(choice, dict) and KV_PARAMS_FIELD in choice:
-                found = True
-                nested = choice.pop(KV_PARAMS_FIELD)
-                if params is None:
-                    params = nested
+    holders = (
+        [c for c in obj.get("choices") or () if isinstance(c, dict)] if isinstance(obj.get("choices"), list) else []
+    )
+    holders += [obj[k] for k in _NESTED_IN if isinstance(obj.get(k), dict)]
+    for holder in holders:
+        if KV_PARAMS_FIELD in holder:
+            found = True
+            nested = holder.pop(KV_PARAMS_FIELD)
+            if params is None:
+                params = nested
     return params, found
 
 

@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from duplex_sidecars.http1.client import EngineClient
 from duplex_sidecars.http1.server import ClientGone, FrontServer, Limits, Request
 from duplex_sidecars.router import pipeline
+from duplex_sidecars.router.apis import APIS
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.config_file import ConfigError, ConfigSource
 from duplex_sidecars.router.endpoints import DECODE, PREFILL, Engines, HealthProber
@@ -38,7 +39,7 @@ from duplex_sidecars.router.store import (
     StoreError,
     make_store,
 )
-from duplex_sidecars.router.turn import ROUTES, body_of, parse_turn
+from duplex_sidecars.router.turn import body_of, parse_turn
 from duplex_sidecars.tasks import cancel_all
 
 log = logging.getLogger(__name__)
@@ -243,7 +244,8 @@ Route = Callable[[Router, Request], Awaitable[None]]
 
 
 async def _completions(router: Router, request: Request) -> None:
-    route = ROUTES[request.path]
+    api = APIS[request.path]
+    route = api.route
     status = 500
     try:
         raw = body_of(request, router.config.max_body_bytes)
@@ -255,7 +257,7 @@ async def _completions(router: Router, request: Request) -> None:
             router.metrics.e2e.labels(route, "false").observe(elapsed)
     except RouterError as exc:
         status = exc.status
-        send_router_error(request, exc)
+        send_router_error(request, exc, api.error_body)
     except ClientGone:
         status = 499
         log.info("client went away during %s", request.path)
@@ -313,8 +315,7 @@ async def _metrics(router: Router, request: Request) -> None:
 
 
 ROUTE_TABLE: dict[str, dict[str, Route]] = {
-    "/v1/chat/completions": {"POST": _completions},
-    "/v1/completions": {"POST": _completions},
+    **{path: {"POST": _completions} for path in APIS},
     "/v1/models": {"GET": _models},
     "/health": {"GET": _health},
     "/ready": {"GET": _ready},
@@ -356,7 +357,7 @@ def _front_error(status: int, message: str) -> bytes:
 
 def _counted(method: str, path: str) -> bool:
     """The requests the in-flight cap counts: completions, not probes or metrics."""
-    return path in ROUTES
+    return path in APIS
 
 
 def client_limits(router: Router) -> Limits:

@@ -6,10 +6,11 @@ Every error a client sees has the shape `{"error": {"message", "type", "code"}}`
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from duplex_sidecars.http1.server import Request
+    from duplex_sidecars.router.exchange import Exchange
 
 
 class RouterError(Exception):
@@ -68,23 +69,27 @@ def error_json(status: int, message: str, type: str = "invalid_request_error", c
     return json.dumps(error_body(message, type, status if code is None else code)).encode()
 
 
+ErrorBody = Callable[[int, str, str, Any], bytes]  # (status, message, type, code) -> a body in an API's own shape
+
+
 def send_error(
-    request: Request,
+    request: Exchange,
     status: int,
     message: str,
     type: str = "invalid_request_error",
     code: Any = None,
     headers: dict[str, str] | None = None,
+    body: ErrorBody = error_json,
 ) -> None:
     """Answer with an error, unless the response has started (then the connection's end is the only signal left)."""
     if request.started:
         request.keep_alive = False
         return
-    request.respond(status, error_json(status, message, type, code), headers=headers)
+    request.respond(status, body(status, message, type, code), headers=headers)
 
 
-def send_router_error(request: Request, err: RouterError) -> None:
-    send_error(request, err.status, err.message, err.type, err.code)
+def send_router_error(request: Exchange, err: RouterError, body: ErrorBody = error_json) -> None:
+    send_error(request, err.status, err.message, err.type, err.code, body=body)
 
 
 def sse_error_event(message: str, type: str = "server_error", code: Any = 502) -> bytes:

@@ -121,10 +121,10 @@ def history_key(base: str, covered_digest: str) -> str:
     return _key(b"hist", base, covered_digest)
 
 
-def scope_digest(route: str, body: dict[str, Any]) -> str:
+def scope_digest(route: str, body: dict[str, Any], fields: tuple[str, ...] = SCOPE_FIELDS) -> str:
     """Digest of the fields that change tokenization. Raises TypeError when one cannot be written exactly."""
     scope = {"route": route}
-    for field in SCOPE_FIELDS:
+    for field in fields:
         value = body.get(field)
         if value is not None:
             scope[field] = value

@@ -31,14 +31,13 @@ from duplex_sidecars.router import attempts, jsonio, legs, reuse
 from duplex_sidecars.router.attempts import BROKEN, CONNECT, STATUS_4XX, TIMEOUT
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.endpoints import DECODE, PREFILL, Engine, Engines
-from duplex_sidecars.router.errors import BackendFailed, BackendUnavailable, RouterError, sse_error_event
+from duplex_sidecars.router.errors import BackendFailed, BackendUnavailable, RouterError
 from duplex_sidecars.router.exchange import Exchange
 from duplex_sidecars.router.history import Reply
 from duplex_sidecars.router.legs import LegFailure
 from duplex_sidecars.router.metrics import RouterMetrics
 from duplex_sidecars.router.picker import Hints, Picker
-from duplex_sidecars.router.relay import DONE_EVENT, StreamRelay
-from duplex_sidecars.router.reply import ReplyCollector, reply_of_body
+from duplex_sidecars.router.relay import StreamRelay
 from duplex_sidecars.router.sse import SSEParser
 from duplex_sidecars.router.store import Store, StoreError
 from duplex_sidecars.router.turn import Turn
@@ -146,7 +145,7 @@ async def prefill(deps: Deps, ctx: Context, decode_attempt: int) -> dict[str, An
             break
         tried.add(engine.url)
         kv = ctx.decision.params if current.replay and ctx.decision.params is not None else protocol.miss_params()
-        body = turn.encode(protocol.prefill_leg_body(turn.body, kv))
+        body = turn.encode(protocol.prefill_leg_body(turn.body, kv, turn.api.legs))
         suffix = (f"-d{decode_attempt}" if decode_attempt else "") + (f"-p{current.number}" if current.number else "")
         headers = legs.leg_headers(turn.request_id + suffix, deps.engine_api_key)
         started = time.perf_counter()
@@ -245,7 +244,7 @@ async def relay_body(deps: Deps, ctx: Context, engine: Engine, resp: EngineRespo
         raise LegFailure(BROKEN, "decode reply is not a JSON object")
     kv_params = protocol.pop_kv_params(body)
     # A reply only the lenient parser could read (NaN, ...) is relayed but not compared: a tombstone is stored.
-    reply = reply_of_body(turn.route, body) if exact else Reply(choices=0)
+    reply = turn.api.reply_of_body(body) if exact else Reply(choices=0)
     out = jsonio.dumps(body, exact)
     await answer_and_record(
         deps,
@@ -259,7 +258,7 @@ async def relay_body(deps: Deps, ctx: Context, engine: Engine, resp: EngineRespo
 
 async def relay_stream(deps: Deps, ctx: Context, engine: Engine, resp: EngineResponse) -> None:
     reader = legs.ChunkReader(resp, deps.config.timeouts.decode_idle_seconds)
-    relay = StreamRelay(ReplyCollector(ctx.turn.route) if ctx.turn.keying else None)
+    relay = StreamRelay(ctx.turn.api.collector() if ctx.turn.keying else None, ctx.turn.api.stream)
     try:
         await _relay_events(deps, ctx, engine, reader, relay)
     finally:
@@ -302,7 +301,6 @@ async def _relay_events(deps: Deps, ctx: Context, engine: Engine, reader: legs.C
             raise LegFailure(BROKEN, "decode stream ended without data")
         decode_failed(deps, ctx.turn, engine, LegFailure(BROKEN, "decode stream ended without [DONE]"))
         return _end_stream_with_error(deps, ctx, "The decode engine's stream ended unexpectedly.")
-    relay.held += DONE_EVENT
     if relay.collector is not None:
         reply = relay.collector.reply()
         await answer_and_record(
@@ -329,7 +327,7 @@ def _send(deps: Deps, ctx: Context, data: bytes | bytearray, last: bool = False)
 
 def _end_stream_with_error(deps: Deps, ctx: Context, message: str) -> None:
     deps.metrics.e2e.labels(ctx.turn.route, "true").observe(time.perf_counter() - ctx.turn.started)
-    ctx.exchange.write(sse_error_event(message, "server_error", 502))
+    ctx.exchange.write(ctx.turn.api.stream.error(message))
     ctx.exchange.end()
 
 

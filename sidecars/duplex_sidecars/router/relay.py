@@ -9,14 +9,16 @@ JSON \\u escape) is parsed and written anew; plain token chunks take a one-step 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from duplex_sidecars import protocol
 from duplex_sidecars.router import jsonio
-from duplex_sidecars.router.reply import ReplyCollector
-from duplex_sidecars.router.sse import DONE, SSEEvent, SSEParser, encode_data
+from duplex_sidecars.router.errors import sse_error_event
+from duplex_sidecars.router.sse import DONE, SSEEvent, SSEParser
 
 _KV_MARKER = protocol.KV_PARAMS_FIELD.encode()
 _ESCAPE = b"\\u"  # a JSON \\u escape: a key could spell kv_transfer_params without the marker's bytes
@@ -31,12 +33,25 @@ def _only_null_params(raw: bytes) -> bool:
     return _ESCAPE not in raw and raw.count(_KV_MARKER) == raw.count(_NULL_PARAMS)
 
 
+@dataclass(frozen=True)
+class StreamShape:
+    """How a client API's streams end and break. OpenAI's end with `data: [DONE]` and their token chunks may take the
+    plain path; Responses and Anthropic streams end with a named event."""
+
+    done_marker: bool = True
+    terminal_events: frozenset[str] = frozenset()
+    plain_chunks: bool = True
+    error: Callable[[str], bytes] = field(default=lambda message: sse_error_event(message, "server_error", 502))
+
+
 class StreamRelay:
     """One stream's filter: `take_plain` or `take` turn what arrived into the bytes to send now; from the event
-    that carried the params on, everything is `held` for the pipeline to send once the entry is stored."""
+    that carried the params on, and the stream's last event in any case, everything is `held` for the pipeline to
+    send once the entry is stored."""
 
-    def __init__(self, collector: ReplyCollector | None):
+    def __init__(self, collector: Any, shape: StreamShape = StreamShape()):
         self.collector = collector
+        self.shape = shape
         self.kv_params: Any = None
         self.held = bytearray()
         self.finished = False
@@ -56,7 +71,7 @@ class StreamRelay:
         """`take` for the common chunk in one step: plain token events that cannot carry the params go out as the
         chunk's own bytes, with no event objects; a final [DONE] ends the stream. None when the chunk needs the
         event-by-event path (nothing consumed then)."""
-        if self.finished or self.kv_params is not None or _ESCAPE in chunk:
+        if self.finished or self.kv_params is not None or not self.shape.plain_chunks or _ESCAPE in chunk:
             return None
         if _KV_MARKER in chunk:
             if not _only_null_params(chunk):
@@ -77,17 +92,29 @@ class StreamRelay:
                 self._collect(data)
         if done:
             self.finished = True  # what follows [DONE] is ignored, as `take` does
+            self.held += DONE_EVENT  # the end goes out once the entry is stored
         else:
             parser.take_rest(rest)
         return region
 
     def _filter(self, event: SSEEvent) -> bytes | None:
+        """The bytes of `event` to send now; None for what is dropped or held (the stream's end)."""
         data = event.data
         if data is None:
             return event.raw
-        if data == DONE:
+        if self.shape.done_marker and data == DONE:
             self.finished = True
-            return None  # [DONE] goes out after the entry is stored
+            self.held += event.raw  # goes out once the entry is stored
+            return None
+        out = self._rewritten(event, data)
+        if event.event is not None and event.event in self.shape.terminal_events:
+            self.finished = True
+            if out is not None:
+                self.held += out
+            return None
+        return out
+
+    def _rewritten(self, event: SSEEvent, data: bytes) -> bytes | None:
         raw = event.raw
         if _KV_MARKER in raw and _only_null_params(raw):
             raw = raw.replace(_NULL_PARAMS, b"")
@@ -110,7 +137,8 @@ class StreamRelay:
             self.kv_params = found
         if not present:
             return raw
-        return encode_data(jsonio.dumps(obj, exact))
+        name = b"event: %s\n" % event.event.encode() if event.event is not None else b""
+        return name + b"data: " + jsonio.dumps(obj, exact) + b"\n\n"
 
     def _collect(self, data: bytes) -> None:
         """Show the collector an event that goes out as it is (the common case, kept lean: one per token)."""
@@ -122,7 +150,7 @@ class StreamRelay:
             except ValueError:
                 return
         if type(obj) is dict:
-            self.collector.add(obj, exact)  # type: ignore[union-attr]
+            self.collector.add(obj, exact)
 
 
 def _event_json(data: bytes, written_back: bool) -> tuple[Any, bool]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from duplex_sidecars import protocol
-from duplex_sidecars.router.history import Reply, reply_not_storable, request_not_storable
+from duplex_sidecars.router.history import Reply, reply_not_storable
 from duplex_sidecars.router.store import ENDPOINT_GONE, NOT_REPLAYABLE, Entry, StoreError
 from duplex_sidecars.router.turn import Turn
 
@@ -123,7 +123,7 @@ def after_decode(turn: Turn, decode_url: str, kv_params: Any, reply: Reply) -> C
         # Clients and chat templates drop earlier reasoning from the next prompt, which then does not start with what
         # decode computed (vLLM issue #43094): unusable by construction, and counted apart.
         return tombstone(NOT_REPLAYABLE, REASONING, "the reply carries reasoning the next prompt drops")
-    why = request_not_storable(turn.route, turn.body) or reply_not_storable(turn.body, reply)
+    why = turn.api.not_storable(turn.body) or reply_not_storable(turn.body, reply)
     if why is not None:
         return tombstone(NOT_REPLAYABLE, NOT_REPLAYABLE, why)
     if covered is None:

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from duplex_sidecars.protocol import KV_PARAMS_FIELD
 from duplex_sidecars.router import jsonio
+from duplex_sidecars.router.apis import APIS
+from duplex_sidecars.router.apis.api import MODEL_CHECK, Api, check_fields
 from duplex_sidecars.router.config import ConversationConfig
 from duplex_sidecars.router.errors import BadRequest, ModelNotFound, PayloadTooLarge
 from duplex_sidecars.router.exchange import Exchange
 from duplex_sidecars.router.history import (
-    CHAT_ROUTE,
-    COMPLETIONS_ROUTE,
     Covered,
     History,
     history_base,
@@ -26,13 +25,13 @@ from duplex_sidecars.router.history import (
     tenant_of,
 )
 
-ROUTES = {"/v1/chat/completions": CHAT_ROUTE, "/v1/completions": COMPLETIONS_ROUTE}
 MAX_CONVERSATION_ID_CHARS = 1024
 _REQUEST_ID_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
 
 
 @dataclass
 class Turn:
+    api: Api
     route: str
     path: str
     body: dict[str, Any]  # what engines see: conversation id and any client kv_transfer_params removed
@@ -80,43 +79,8 @@ def request_id_of(request: Exchange) -> str:
     return os.urandom(16).hex()
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-# (field, required, check, message, code): what a body must satisfy before anything reaches an engine; null counts
-# as absent. Checked in this order, the model first (an unknown model is a 404 whatever else is wrong).
-FieldCheck = tuple[str, bool, Callable[[Any], bool], str, str]
-MODEL_CHECK: tuple[FieldCheck, ...] = (
-    ("model", True, lambda v: isinstance(v, str) and bool(v), "'model' is required and must be a non-empty string.",
-     "missing_model"),
-)  # fmt: skip
-ROUTE_CHECKS: dict[str, tuple[FieldCheck, ...]] = {
-    CHAT_ROUTE: (
-        ("messages", True, lambda v: isinstance(v, list) and bool(v),
-         "'messages' is required and must be a non-empty array.", "invalid_messages"),
-        ("messages", True, lambda v: all(isinstance(m, dict) for m in v), "Each message must be an object.",
-         "invalid_messages"),
-    ),
-    COMPLETIONS_ROUTE: (("prompt", True, lambda v: True, "'prompt' is required.", "missing_prompt"),),
-}  # fmt: skip
-OPTION_CHECKS: tuple[FieldCheck, ...] = (
-    ("stream", False, lambda v: isinstance(v, bool), "'stream' must be a boolean.", "invalid_type"),
-    ("max_tokens", False, _is_int, "'max_tokens' must be an integer.", "invalid_type"),
-    ("max_completion_tokens", False, _is_int, "'max_completion_tokens' must be an integer.", "invalid_type"),
-    ("n", False, _is_int, "'n' must be an integer.", "invalid_type"),
-)
-
-
-def check_fields(checks: tuple[FieldCheck, ...], body: dict[str, Any]) -> None:
-    """BadRequest for the first field that fails its check."""
-    for name, required, ok, message, code in checks:
-        value = body.get(name)
-        if value is None:
-            if required:
-                raise BadRequest(message, code=code)
-        elif not ok(value):
-            raise BadRequest(message, code=code)
+def _bad_request(message: str, code: str) -> BadRequest:
+    return BadRequest(message, code=code)
 
 
 def _single_header(request: Exchange, name: str | None) -> str | None:
@@ -146,18 +110,19 @@ def conversation_of(request: Exchange, body: dict[str, Any], conversation: Conve
 
 def parse_turn(request: Exchange, raw: bytes, conversation: ConversationConfig, served_models: list[str]) -> Turn:
     """The turn a client request stands for; BadRequest (400) or ModelNotFound (404) when it cannot be served."""
-    route = ROUTES[request.path]
+    api = APIS[request.path]
+    route = api.route
     try:
         body, exact = jsonio.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise BadRequest("Request body must be a JSON object.", code="invalid_body")
-    check_fields(MODEL_CHECK, body)
+    check_fields(MODEL_CHECK, body, _bad_request)
     model = body["model"]
     if served_models and model not in served_models:
         raise ModelNotFound(model)
-    check_fields(OPTION_CHECKS[:1] + ROUTE_CHECKS[route] + OPTION_CHECKS[1:], body)
+    check_fields(api.checks, body, _bad_request)
     conversation_id = conversation_of(request, body, conversation)
     tenant = tenant_of(_single_header(request, conversation.tenant_header))
     sessions = [_single_header(request, name) or "" for name in conversation.session_headers]
@@ -167,9 +132,10 @@ def parse_turn(request: Exchange, raw: bytes, conversation: ConversationConfig, 
     by_id = conversation_id is not None and conversation.keying != "history"
     by_history = not by_id and conversation.keying != "id"
     # Digests are taken only of values read exactly.
-    history = History.of_request(route, body) if exact and (by_id or by_history) else None
-    scope = scope_digest(route, body) if history is not None or (by_id and exact) else ""
+    history = api.history(body) if exact and (by_id or by_history) else None
+    scope = scope_digest(route, body, api.scope_fields) if history is not None or (by_id and exact) else ""
     turn = Turn(
+        api=api,
         route=route,
         path=request.path,
         body=body,

@@ -30,10 +30,12 @@ DECODE_PARAMS = {
 
 
 def turn(messages: list[dict[str, Any]], conversation: str | None = "c", stream: bool = False, **fields: Any):
+    from duplex_sidecars.router.apis.openai import CHAT
     from duplex_sidecars.router.turn import Turn
 
     body = {"model": "m", "messages": messages, **fields}
     return Turn(
+        api=CHAT,
         route=CHAT_ROUTE,
         path="/v1/chat/completions",
         body=body,

@@ -406,6 +406,7 @@ async def test_expiry_is_not_counted_as_eviction():
 
 async def test_record_counts_evictions_and_bytes():
     from duplex_sidecars.router import pipeline
+    from duplex_sidecars.router.apis.openai import CHAT
     from duplex_sidecars.router.config import RouterConfig
     from duplex_sidecars.router.endpoints import DECODE, Engine, Engines
     from duplex_sidecars.router.history import CHAT_ROUTE, History, Reply, scope_digest
@@ -415,6 +416,7 @@ async def test_record_counts_evictions_and_bytes():
     def turn(key: str, messages: list[dict[str, Any]]) -> Turn:
         body = {"model": "m", "messages": messages}
         return Turn(
+            api=CHAT,
             route=CHAT_ROUTE,
             path="/v1/chat/completions",
             body=body,
