@@ -7,10 +7,11 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-import duplex
 import pytest
-from duplex.crd_cli import CRD_FILE
 from working_container import WorkingContainer, image_config
+
+import duplex
+from duplex.crd_cli import CRD_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]

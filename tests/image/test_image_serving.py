@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from working_container import WorkingContainer
+
 from duplex_dev import processes
 from duplex_dev.chat import ChatClient, Conversation
 from duplex_dev.processes import ProcessRecord, free_port
-from working_container import WorkingContainer
 
 HOST = "127.0.0.1"
 LONG = "Please summarise the following report in detail. " * 12  # well above the recompute threshold

@@ -8,8 +8,9 @@ import sys
 import tomllib
 from pathlib import Path
 
-import duplex
 import yaml
+
+import duplex
 from duplex.crd_cli import CRD_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
