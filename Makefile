@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup run test lint image test-unit test-cluster test-vllm test-realvllm test-image crds docs crds-check render cluster-up cluster-down bench bench-router clean
+.PHONY: setup run test lint image test-unit test-cluster test-vllm test-realvllm test-image crds docs crds-check render cluster-up cluster-down bench bench-router bench-http clean
 
 $(STAMP): pyproject.toml hack/pyproject.toml hack/versions.sh hack/setup.sh hack/build-tools.sh
 	bash hack/setup.sh
@@ -12,9 +12,10 @@ $(STAMP): pyproject.toml hack/pyproject.toml hack/versions.sh hack/setup.sh hack
 
 setup: $(STAMP)
 
-## The main job: local control plane + fake EFA nodes, operator, the seed DisaggregatedServing, router and simulated engines.
+## The main job: local control plane + fake EFA nodes, operator, the seed DisaggregatedServing, router and simulated
+## engines (`make run ENGINES=vllm`: real vLLM CPU engines running the rendered command lines).
 run: $(STAMP)
-	bash hack/demo.sh
+	bash hack/demo.sh $(if $(ENGINES),--engines $(ENGINES))
 
 ## Every tier: static checks, unit, real control plane, real NIXL, real Redis, vLLM's own parser, the built image.
 test: $(STAMP) lint image
@@ -63,10 +64,14 @@ cluster-up: $(STAMP)
 cluster-down: $(STAMP)
 	$(VENV)/bin/duplex-dev cluster down
 
-bench: bench-router
+bench: bench-router bench-http
 
 bench-router: $(STAMP)
 	$(PY) bench/router_bench.py
+
+## The HTTP layer alone: the router's own server against uvicorn (httptools), side by side.
+bench-http: $(STAMP)
+	$(PY) bench/http_bench.py
 
 clean:
 	-$(VENV)/bin/duplex-dev cluster down

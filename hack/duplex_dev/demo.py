@@ -1,15 +1,18 @@
 """`duplex-dev demo` (what `make run` runs): local control plane with fake EFA nodes, the operator, the seed
 DisaggregatedServing, then a live multi-turn agentic chat through the router the operator configured, against two
-simulated engines that move KV blocks over real NIXL."""
+simulated engines that move KV blocks over real NIXL, or (`--engines vllm`, `make run ENGINES=vllm`) two real vLLM CPU
+engines running the command lines the operator rendered for the seed."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -107,15 +110,62 @@ def show(cluster: LocalCluster) -> None:
 # ---------------------------------------------------------------- live multi-turn chat
 
 
-def router_config_from_cluster(cluster: LocalCluster, prefill: str, decode: str) -> dict[str, Any]:
+def router_config_from_cluster(cluster: LocalCluster, prefill: str, decode: str, model: str) -> dict[str, Any]:
     """The router config the operator rendered, with EndpointSlice discovery swapped for the local engines."""
     cm = json.loads(kubectl(cluster, "-n", NAMESPACE, "get", "configmap", f"{SERVING}-router", "-o", "json"))
     config = json.loads(cm["data"]["router.json"])
     config["discovery"] = None
     config["prefill"], config["decode"] = [prefill], [decode]
     config["host"] = "127.0.0.1"
-    config["served_model_names"] = ["sim"]
+    config["served_model_names"] = [model]
     return config
+
+
+class Engines:
+    """The prefill and decode engine of the live chat, and what to read off them."""
+
+    def __init__(self, kind: str, preset: str):
+        self.kind, self.preset = kind, preset
+        self.prefill: Any = None
+        self.decode: Any = None
+        self.model = "sim"
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Engines]:
+        if self.kind == "sim":
+            from duplex_dev.launch.sim import sim_pair
+
+            say("starting a simulated prefill and decode engine (real NIXL over UCX on loopback)")
+            sim_args = [*SIM_COST, "--fail-on-corrupt"]
+            pair = sim_pair(
+                prefill_args=[*sim_args, "--no-enable-prefix-caching", "--kv-load-failure-policy", "recompute"],
+                decode_args=sim_args,
+            )
+        else:
+            from duplex_dev.launch.vllm import vllm_pair
+
+            say(
+                f"starting real vLLM CPU engines ({self.preset} model) with the command lines the operator rendered "
+                "for the seed, changed only by the CPU substitutions (60-90 s on 2 cores)"
+            )
+            # Prefill without its own prefix cache, as in the upstream blog's benchmark: every reused token is read.
+            pair = vllm_pair(prefill_kw={"prefix_caching": False}, preset=self.preset)
+        with pair as (self.prefill, self.decode):
+            if self.kind == "vllm":
+                self.model = self.prefill.served_model_name
+                for engine in (self.prefill, self.decode):
+                    say(f"{engine.role}: " + "; ".join(str(c) for c in engine.changes))
+            yield self
+
+    def read_back(self) -> float:
+        """Prompt tokens whose KV prefill read from decode over NIXL."""
+        return float(self.prefill.metric("vllm:prompt_tokens_by_source_total", source="external_kv_transfer"))
+
+    def corrupt(self) -> float:
+        """Blocks a reader found wrong (the simulator verifies every block; vLLM cannot tell)."""
+        if self.kind != "sim":
+            return 0.0
+        return float(self.prefill.metric("sim_corrupt_blocks_total") + self.decode.metric("sim_corrupt_blocks_total"))
 
 
 def tool_output(turn: int) -> str:
@@ -123,7 +173,9 @@ def tool_output(turn: int) -> str:
     return "\n".join(" ".join(words[i : i + 8]) for i in range(0, len(words), 8))
 
 
-async def chat(url: str, conversation_id: str, turns: int, fresh_each_turn: bool = False) -> list[dict[str, Any]]:
+async def chat(
+    url: str, conversation_id: str, turns: int, fresh_each_turn: bool = False, model: str = "sim"
+) -> list[dict[str, Any]]:
     """A multi-turn agentic chat through the router. `fresh_each_turn` gives every turn a new conversation id, so that
     nothing is ever found to reuse: the plain P-D baseline (a client without an id would get reuse keyed by its
     history)."""
@@ -154,7 +206,7 @@ async def chat(url: str, conversation_id: str, turns: int, fresh_each_turn: bool
                 )
                 messages.append({"role": "tool", "tool_call_id": call_id, "content": tool_output(turn)})
             body: dict[str, Any] = {
-                "model": "sim",
+                "model": model,
                 "messages": messages,
                 "max_tokens": 24,
                 "stream": True,
@@ -182,33 +234,29 @@ async def chat(url: str, conversation_id: str, turns: int, fresh_each_turn: bool
     return out
 
 
-def live_chat(cluster: LocalCluster, turns: int) -> None:
+def live_chat(cluster: LocalCluster, turns: int, engines: Engines) -> None:
     from duplex_dev.launch.router import RouterProcess
-    from duplex_dev.launch.sim import sim_pair
 
-    say("starting a simulated prefill and decode engine (real NIXL over UCX on loopback) and the router")
-    sim_args = [*SIM_COST, "--fail-on-corrupt"]
-    with sim_pair(
-        prefill_args=[*sim_args, "--no-enable-prefix-caching", "--kv-load-failure-policy", "recompute"],
-        decode_args=sim_args,
-    ) as (prefill, decode):
-        config = router_config_from_cluster(cluster, prefill.url, decode.url)
+    with engines.running():
+        config = router_config_from_cluster(cluster, engines.prefill.url, engines.decode.url, engines.model)
+        if engines.kind == "vllm":  # 2 shared cores: an engine busy with a prefill may answer /health slowly
+            config["health_check"] = {**config.get("health_check", {}), "timeout_seconds": 20.0}
         say(
             f"router config from ConfigMap {NAMESPACE}/{SERVING}-router (TTL "
             f"{config['conversation']['ttl_seconds']:g}s < engines' {config['conversation']['engine_blocks_ttl_seconds']:g}s)"
         )
         with RouterProcess(config=config) as router:
-            asyncio.run(chat(router.url, "warm-up", 2))  # connections and NIXL handshakes, so turn 1 compares fairly
-            results = {}
+            # connections and NIXL handshakes, so that turn 1 compares fairly
+            asyncio.run(chat(router.url, "warm-up", 2, model=engines.model))
+            results: dict[str, Any] = {}
             for label, conv, fresh in (
                 ("recompute", "demo-recompute", True),
                 ("duplex reuse", "demo-conversation", False),
             ):
-                before = prefill.metric("vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
-                results[label] = asyncio.run(chat(router.url, conv, turns, fresh))
-                after = prefill.metric("vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
-                results[label + " read"] = after - before
-            corrupt = prefill.metric("sim_corrupt_blocks_total") + decode.metric("sim_corrupt_blocks_total")
+                before = engines.read_back()
+                results[label] = asyncio.run(chat(router.url, conv, turns, fresh, model=engines.model))
+                results[label + " read"] = engines.read_back() - before
+            corrupt = engines.corrupt()
             hits = router.metric("duplex_router_kv_reuse_hits_total") - 1  # minus the warm-up's hit
     base, reuse = results["recompute"], results["duplex reuse"]
     print()
@@ -220,7 +268,7 @@ def live_chat(cluster: LocalCluster, turns: int) -> None:
     say(
         f"router reuse hits: {hits:.0f} of {turns - 1} possible; tokens prefill read back from decode over NIXL: "
         f"{results['duplex reuse read']:.0f} (recompute: {results['recompute read']:.0f}); "
-        f"corrupt blocks: {corrupt:.0f}"
+        + (f"corrupt blocks: {corrupt:.0f}" if engines.kind == "sim" else "engines: real vLLM (CPU)")
     )
     if corrupt:
         raise RuntimeError("the simulator saw corrupt KV blocks")
@@ -233,6 +281,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--example", type=Path, default=ROOT / "examples/seed.yaml")
     parser.add_argument("--turns", type=int, default=5, help="turns of the live chat")
     parser.add_argument("--down", action="store_true", help="stop the local cluster at the end")
+    parser.add_argument(
+        "--engines", choices=("sim", "vllm"), default="sim", help="simulated engines, or real vLLM CPU engines"
+    )
+    parser.add_argument(
+        "--preset",
+        default="bench",
+        help="the project model the real engines serve (hack/make_model.py): bench makes prefill dominate turn costs",
+    )
     args = parser.parse_args(argv)
     cluster = LocalCluster()
     operator: subprocess.Popen[bytes] | None = None
@@ -244,7 +300,7 @@ def main(argv: list[str]) -> int:
         apply_example(cluster, args.example.resolve())
         wait_ready(cluster)
         show(cluster)
-        live_chat(cluster, args.turns)
+        live_chat(cluster, args.turns, Engines(args.engines, args.preset))
     except (ClusterError, RuntimeError) as err:
         print(f"duplex-dev demo: {err}", file=sys.stderr)
         return 1
