@@ -154,7 +154,9 @@ class Engines:
             if self.kind == "vllm":
                 self.model = self.prefill.served_model_name
                 for engine in (self.prefill, self.decode):
-                    say(f"{engine.role}: " + "; ".join(str(c) for c in engine.changes))
+                    changed = ", ".join(c.what for c in engine.changes)
+                    say(f"{engine.role} engine up; changed from the rendered Deployment (each with its reason in "
+                        f"duplex_dev/launch/vllm.py): {changed}")  # fmt: skip
             yield self
 
     def read_back(self) -> float:
