@@ -64,7 +64,7 @@ def owner_reference(parent: dict[str, Any]) -> dict[str, Any]:
 APPLIED_HASH = "duplex.dev/applied-hash"
 
 
-def adopt(child: dict[str, Any], parent: dict[str, Any]) -> dict[str, Any]:
+def with_owner(child: dict[str, Any], parent: dict[str, Any]) -> dict[str, Any]:
     """The child as applied: owned by the parent and stamped with a hash of its desired content, so that removing a
     setting (which `covers` cannot see) still changes the object and server-side apply drops the removed fields."""
     out = dict(child)
