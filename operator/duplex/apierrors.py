@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# Status.details.causes[].type the namespace lifecycle admission plugin adds when refusing new objects.
+# The cause (Status.details.causes[].reason) the namespace lifecycle admission plugin gives for refusing new objects.
 NAMESPACE_TERMINATING_CAUSE = "NamespaceTerminating"
 _SERVER_ERRORS = {500, 502, 503, 504}
 
@@ -29,7 +29,7 @@ class ApiError(Exception):
     status: int | None
     reason: str = ""  # Status.reason: Conflict, AlreadyExists, TooManyRequests, Forbidden, NotFound, Invalid, ...
     message: str = ""
-    causes: tuple[str, ...] = field(default=())  # Status.details.causes[].type
+    causes: tuple[str, ...] = field(default=())  # Status.details.causes[].reason (CauseType; "reason" in JSON)
     retry_after: float | None = None  # Status.details.retryAfterSeconds, or the Retry-After header
 
     def __str__(self) -> str:
@@ -45,7 +45,7 @@ class ApiError(Exception):
         """From an HTTP error answer whose body is (usually) a metav1.Status."""
         doc = _status_object(body)
         details = doc.get("details") or {}
-        causes = tuple(str(c.get("type") or c.get("reason") or "") for c in details.get("causes") or [])
+        causes = tuple(str(c.get("reason") or "") for c in details.get("causes") or [])
         retry_after = details.get("retryAfterSeconds")
         header = (headers or {}).get("Retry-After")
         if retry_after is None and header is not None and header.isdigit():
