@@ -68,7 +68,8 @@ class _Converter:
         return self._node(self.schema, self.classes[self._root_name()])
 
     def _root_name(self) -> str:
-        return self.schema["title"]
+        title: str = self.schema["title"]
+        return title
 
     def _node(self, node: dict[str, Any], cls: type[BaseModel] | None = None) -> dict[str, Any]:
         if "$ref" in node:

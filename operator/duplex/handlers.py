@@ -73,7 +73,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 
 @kopf.on.startup()
-async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, servings: kopf.Index, **kwargs: Any) -> None:
+async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **indices: Any) -> None:
     settings.persistence.finalizer = LEGACY_FINALIZER
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
@@ -90,7 +90,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, servings: kopf
             f"app.kubernetes.io/managed-by={MANAGED_BY}"
         )
     # kopf hands startup handlers its indices empty; the watch streams fill them before any event handler runs.
-    caches = Caches(servings=servings, children=tuple(kwargs[index_id(kind)] for kind in CHILD_KINDS))
+    caches = Caches(servings=indices["servings"], children=tuple(indices[index_id(kind)] for kind in CHILD_KINDS))
     kube = Kube(load_config(os.environ.get("DUPLEX_KUBECONFIG") or None))  # fails fast on a bad kubeconfig
     memo.queue = WorkQueue[str]()
     memo.workers = asyncio.create_task(Workers(memo.queue, caches, kube, RESYNC_SECONDS).run(), name="reconcile")

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kubernetes.utils import parse_quantity
-
+from duplex.api.quantity import quantity
 from duplex.api.spec import DisaggregatedServingSpec
 from duplex.children.engine import served_model_name
 from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, ROLE, ROLE_BINDING, SERVICE_ACCOUNT
@@ -54,7 +53,7 @@ def router_config(spec: DisaggregatedServingSpec, serving: str, namespace: str) 
         store=StoreConfig(
             kind=store.type,
             max_entries=store.max_entries,
-            max_bytes=int(float(parse_quantity(spec.router.memory)) * STORE_MEMORY_SHARE),
+            max_bytes=int(float(quantity(spec.router.memory)) * STORE_MEMORY_SHARE),
             redis_url=redis.url if redis else None,
             redis_url_env=REDIS_URL_ENV if redis and redis.url_secret else None,
         ),
