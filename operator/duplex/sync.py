@@ -64,29 +64,44 @@ def sync(
     # 2. Desired children, owned by the parent and stamped with a hash of what they should hold.
     desired = [with_owner(child, dict(parent)) for child in desired_children(serving)]
 
-    # 3. What must change: children missing or drifted get applied, children of ours no longer desired are deleted
-    #    (Deployments first, so nothing runs without its config). One on its way out is left alone: deleting it
-    #    again does nothing, and its replacement is created once it is gone.
-    to_apply, to_delete = plan(desired, [dict(o) for o in observed], meta["uid"])
-    leaving = {key(dict(o)) for o in observed if (o.get("metadata") or {}).get("deletionTimestamp")}
-    to_apply = sorted((o for o in to_apply if key(o) not in leaving), key=apply_rank)
-    to_delete = sorted((o for o in to_delete if key(o) not in leaving), key=apply_rank, reverse=True)
+    # 3. What must change: children missing or drifted get applied, children of ours no longer desired are deleted.
+    to_apply, to_delete = _changes(desired, observed, meta["uid"])
 
     # 4. Status from the observed Deployments; the next pass sees what this one's writes did.
     new = status_of.compute(serving, _deployments(serving, observed), last, at)
     write = status_of.differs(previous, status_of.patch_body(new))
 
     # 5. Events: what changed, and whether Ready flipped.
-    events = []
-    if to_apply or to_delete:
-        changes = ", ".join([*map(_ref, to_apply), *(f"-{_ref(o)}" for o in to_delete)])
-        events.append(Event("Normal", "Applied", f"converged children: {changes}"))
-    if write and status_of.is_ready(new) != status_of.is_ready(last):
-        if status_of.is_ready(new):
-            events.append(Event("Normal", "Ready", "all components ready"))
-        else:
-            events.append(Event("Warning", "NotReady", status_of.ready_message(new)))
+    events = _applied_event(to_apply, to_delete) + (_readiness_event(last, new) if write else [])
     return SyncResult(apply=to_apply, delete=to_delete, status=new, write_status=write, events=events)
+
+
+def _changes(
+    desired: list[dict[str, Any]], observed: Sequence[Mapping[str, Any]], uid: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(to apply in table order, to delete in reverse: Deployments first, so nothing runs without its config).
+    A child on its way out is left alone: deleting it again does nothing, its replacement comes once it is gone."""
+    to_apply, to_delete = plan(desired, [dict(o) for o in observed], uid)
+    leaving = {key(dict(o)) for o in observed if (o.get("metadata") or {}).get("deletionTimestamp")}
+    return (
+        sorted((o for o in to_apply if key(o) not in leaving), key=apply_rank),
+        sorted((o for o in to_delete if key(o) not in leaving), key=apply_rank, reverse=True),
+    )
+
+
+def _applied_event(to_apply: list[dict[str, Any]], to_delete: list[dict[str, Any]]) -> list[Event]:
+    if not (to_apply or to_delete):
+        return []
+    changes = ", ".join([*map(_ref, to_apply), *(f"-{_ref(o)}" for o in to_delete)])
+    return [Event("Normal", "Applied", f"converged children: {changes}")]
+
+
+def _readiness_event(last: DisaggregatedServingStatus | None, new: DisaggregatedServingStatus) -> list[Event]:
+    if status_of.is_ready(new) == status_of.is_ready(last):
+        return []
+    if status_of.is_ready(new):
+        return [Event("Normal", "Ready", "all components ready")]
+    return [Event("Warning", "NotReady", status_of.ready_message(new))]
 
 
 def _refused(
