@@ -187,14 +187,19 @@ def test_drift_is_restored(op, kubectl, namespace, wait_for):
         "-p",
         '[{"op":"replace","path":"/rules/0/verbs","value":["get","list","watch","delete"]}]',
     )
+    # The label the operator's watches select on: the Service drops out of them (a DELETED event), so it looks
+    # missing, and applying it puts the label back.
+    kubectl("-n", namespace, "label", "service", "qwen3-32b-decode", "app.kubernetes.io/managed-by-")
 
     def restored() -> bool:
         d = kubectl.json("-n", namespace, "get", "deployment", "qwen3-32b-decode")
         role = kubectl.json("-n", namespace, "get", "role", "qwen3-32b-router")
+        svc = kubectl.json("-n", namespace, "get", "service", "qwen3-32b-decode")
         return (
             d["spec"]["replicas"] == 1
             and children(kubectl, namespace) == EXPECTED_CHILDREN
             and role["rules"][0]["verbs"] == ["get", "list", "watch"]
+            and svc["metadata"]["labels"].get("app.kubernetes.io/managed-by") == "duplex"
         )
 
     wait_for(restored, timeout=60, what="drift restored")
