@@ -13,12 +13,6 @@ from typing import Any
 
 import pytest
 import yaml
-from duplex.api.meta import PLURAL
-from duplex.apierrors import ApiError, Failure
-from duplex.children.kinds import CHILD_KINDS, CONFIG_MAP
-from duplex.handlers import LEGACY_FINALIZER
-from duplex.kube import Kube
-from duplex.permissions import required
 from operator_harness import (
     OPERATOR_USER,
     ROOT,
@@ -30,6 +24,13 @@ from operator_harness import (
     resource,
     wait_seconds,
 )
+
+from duplex.api.meta import PLURAL
+from duplex.apierrors import ApiError, Failure
+from duplex.children.kinds import CHILD_KINDS, CONFIG_MAP
+from duplex.handlers import LEGACY_FINALIZER
+from duplex.kube import Kube
+from duplex.permissions import required
 
 pytestmark = pytest.mark.cluster
 

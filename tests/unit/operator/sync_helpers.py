@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dsv_helpers import doc, spec_dict
+
 from duplex import status
 from duplex.apierrors import ApiError
 from duplex.converge import owner_reference, with_owner

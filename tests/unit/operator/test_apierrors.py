@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from duplex.apierrors import ApiError, Failure, classify
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 from dsv_helpers import REPO
+
 from duplex.api.meta import GROUP, PLURAL
 from duplex.children.kinds import CHILD_KINDS
 from duplex.permissions import Permission, required

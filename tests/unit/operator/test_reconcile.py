@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from sync_helpers import ALL, BAD, LIVE, LOADING, READY, P, RecordingKube, stale
+
 from duplex.apierrors import ApiError
 from duplex.reconcile import reconcile_once
-from sync_helpers import ALL, BAD, LIVE, LOADING, READY, P, RecordingKube, stale
 
 
 def with_status(parent: dict[str, Any], status: dict[str, Any] | None) -> dict[str, Any]:

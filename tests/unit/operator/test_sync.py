@@ -10,10 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from duplex import status
-from duplex.converge import APPLIED_HASH
-from duplex.render import desired_children, parse
-from duplex.sync import Event, SyncResult, sync
 from sync_helpers import (
     ALL,
     BAD,
@@ -31,6 +27,11 @@ from sync_helpers import (
     refs,
     stale,
 )
+
+from duplex import status
+from duplex.converge import APPLIED_HASH
+from duplex.render import desired_children, parse
+from duplex.sync import Event, SyncResult, sync
 
 
 def conditions(result: SyncResult) -> dict[str, tuple[str, str]]:

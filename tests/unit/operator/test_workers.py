@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from sync_helpers import LIVE, READY, UID, P, RecordingKube
+
 from duplex import metrics
 from duplex.apierrors import ApiError
 from duplex.handlers import owner_uids
 from duplex.workers import MAX_BACKOFF_SECONDS, SETTLE_SECONDS, Caches, Workers, retry_delay
 from duplex.workqueue import WorkQueue
-from sync_helpers import LIVE, READY, UID, P, RecordingKube
 
 RESYNC = 60.0
 
