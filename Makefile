@@ -21,7 +21,7 @@ run: $(STAMP)
 test: $(STAMP) lint image
 	$(VENV)/bin/pytest -q -rfE
 
-## Static checks: ruff (lint and format), mypy (strict where the decisions live; see pyproject.toml).
+## Static checks: ruff (lint and format), mypy (strict on the operator and the router's decision modules; see pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

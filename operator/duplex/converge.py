@@ -10,9 +10,9 @@ import hashlib
 import json
 from typing import Any
 
-from kubernetes.utils import parse_quantity
+from duplex.api.quantity import quantity
 
-_EMPTY = (None, [], {}, "")
+_EMPTY: tuple[object, ...] = (None, [], {}, "")
 # The API server omits zero values (omitempty), so an absent live field covers a desired false or 0.
 _ZERO = (False, 0)
 
@@ -22,7 +22,7 @@ def _same_scalar(live: Any, desired: Any) -> bool:
         return True
     if isinstance(live, str) and isinstance(desired, str):
         try:
-            return parse_quantity(live) == parse_quantity(desired)  # "0.5" vs "500m", "1024Mi" vs "1Gi"
+            return quantity(live) == quantity(desired)  # "0.5" vs "500m", "1024Mi" vs "1Gi"
         except ValueError:
             return False
     if (isinstance(live, (int, float)) and isinstance(desired, str)) or (
@@ -64,7 +64,7 @@ def owner_reference(parent: dict[str, Any]) -> dict[str, Any]:
 APPLIED_HASH = "duplex.dev/applied-hash"
 
 
-def adopt(child: dict[str, Any], parent: dict[str, Any]) -> dict[str, Any]:
+def with_owner(child: dict[str, Any], parent: dict[str, Any]) -> dict[str, Any]:
     """The child as applied: owned by the parent and stamped with a hash of its desired content, so that removing a
     setting (which `covers` cannot see) still changes the object and server-side apply drops the removed fields."""
     out = dict(child)

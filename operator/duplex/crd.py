@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typing
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel
@@ -59,6 +60,10 @@ def _prune(value: Any) -> Any:
 
 
 class _Converter:
+    """pydantic's JSON schema -> a structural OpenAPI v3 schema: references inlined, nullable unions collapsed,
+    each JSON-schema keyword rewritten by its own small function (KEYWORDS), then the model class's CEL rules and
+    docstring attached."""
+
     def __init__(self, root: type[BaseModel]) -> None:
         self.schema = root.model_json_schema(by_alias=True, mode="validation")
         self.defs = self.schema.get("$defs", {})
@@ -68,58 +73,123 @@ class _Converter:
         return self._node(self.schema, self.classes[self._root_name()])
 
     def _root_name(self) -> str:
-        return self.schema["title"]
+        title: str = self.schema["title"]
+        return title
 
     def _node(self, node: dict[str, Any], cls: type[BaseModel] | None = None) -> dict[str, Any]:
         if "$ref" in node:
-            name = node["$ref"].rsplit("/", 1)[-1]
-            merged = {**self.defs[name], **{k: v for k, v in node.items() if k != "$ref"}}
-            return self._node(merged, self.classes.get(name))
+            return self._reference(node)
         if "anyOf" in node:
-            options = [o for o in node["anyOf"] if o.get("type") != "null"]
-            if len(options) != 1:
-                raise ValueError(f"cannot express union in a structural schema: {node}")
-            rest = {k: v for k, v in node.items() if k not in ("anyOf", "default")}
-            if node.get("default") is not None:
-                rest["default"] = node["default"]
-            return self._node({**options[0], **rest})
+            return self._nullable(node)
         out: dict[str, Any] = {}
         for key, value in node.items():
-            if key in _DROP or key == "$defs":
-                continue
-            if key == "properties":
-                out["properties"] = {}
-                for prop, sub in value.items():
-                    converted = self._node(sub)
-                    if cls is not None and "default" not in converted:
-                        fd = _factory_default(cls, prop)
-                        if fd is not None:
-                            converted["default"] = fd
-                    out["properties"][prop] = converted
-            elif key == "items":
-                out["items"] = self._node(value)
-            elif key == "additionalProperties":
-                if isinstance(value, dict) and value:
-                    out["additionalProperties"] = self._node(value)
-            elif key == "const":
-                out["enum"] = [value]
-            elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
-                out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
-                out[key] = True
-            elif (key == "default" and value is None) or (key == "default" and value in ([], {})):
-                continue
-            else:
-                out[key] = value
-        if out.get("x-kubernetes-preserve-unknown-fields"):
-            out.pop("additionalProperties", None)
-            out["type"] = "object"
-        if "enum" in out and "type" not in out:
-            out["type"] = "string" if all(isinstance(v, str) for v in out["enum"]) else "integer"
-        if cls is not None and issubclass(cls, Checked) and cls.RULES:
-            out["x-kubernetes-validations"] = [r.schema() for r in cls.RULES]
-        if cls is not None and cls.__doc__ and "description" not in out:
-            out["description"] = " ".join(cls.__doc__.split())
-        return out
+            KEYWORDS.get(key, _copy)(self, out, key, value, cls)
+        return _finish(out, cls)
+
+    def _reference(self, node: dict[str, Any]) -> dict[str, Any]:
+        """A `$ref` to a model: its definition, with the referring node's own keywords (description, default)."""
+        name = node["$ref"].rsplit("/", 1)[-1]
+        merged = {**self.defs[name], **{k: v for k, v in node.items() if k != "$ref"}}
+        return self._node(merged, self.classes.get(name))
+
+    def _nullable(self, node: dict[str, Any]) -> dict[str, Any]:
+        """`X | None` is X: the API server prunes nulls, so no field needs to be nullable."""
+        options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        if len(options) != 1:
+            raise ValueError(f"cannot express union in a structural schema: {node}")
+        rest = {k: v for k, v in node.items() if k not in ("anyOf", "default")}
+        if node.get("default") is not None:
+            rest["default"] = node["default"]
+        return self._node({**options[0], **rest})
+
+
+Keyword = Callable[[_Converter, dict[str, Any], str, Any, "type[BaseModel] | None"], None]
+
+
+def _copy(conv: _Converter, out: dict[str, Any], key: str, value: Any, cls: type[BaseModel] | None) -> None:
+    out[key] = value
+
+
+def _drop(conv: _Converter, out: dict[str, Any], key: str, value: Any, cls: type[BaseModel] | None) -> None:
+    pass
+
+
+def _properties(conv: _Converter, out: dict[str, Any], key: str, value: Any, cls: type[BaseModel] | None) -> None:
+    """Each property converted; a default_factory's value becomes the schema default (API server defaulting)."""
+    out["properties"] = {}
+    for prop, sub in value.items():
+        converted = conv._node(sub)
+        if cls is not None and "default" not in converted:
+            default = _factory_default(cls, prop)
+            if default is not None:
+                converted["default"] = default
+        out["properties"][prop] = converted
+
+
+def _items(conv: _Converter, out: dict[str, Any], key: str, value: Any, cls: type[BaseModel] | None) -> None:
+    out["items"] = conv._node(value)
+
+
+def _additional_properties(
+    conv: _Converter, out: dict[str, Any], key: str, value: Any, cls: type[BaseModel] | None
+) -> None:
+    if isinstance(value, dict) and value:  # `true`/`{}` (anything goes) is the structural default: left out
+        out["additionalProperties"] = conv._node(value)
+
+
+def _const(conv: _Converter, out: dict[str, Any], key: str, value: Any, cls: type[BaseModel] | None) -> None:
+    out["enum"] = [value]  # structural schemas have no `const`
+
+
+def _exclusive_bound(conv: _Converter, out: dict[str, Any], key: str, value: Any, cls: type[BaseModel] | None) -> None:
+    """JSON Schema's numeric exclusive bound -> OpenAPI v3's bound plus a boolean flag."""
+    if isinstance(value, bool):
+        out[key] = value
+        return
+    out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+    out[key] = True
+
+
+def _default(conv: _Converter, out: dict[str, Any], key: str, value: Any, cls: type[BaseModel] | None) -> None:
+    if value is not None and value not in ([], {}):  # empty defaults add nothing and clutter `kubectl explain`
+        out["default"] = value
+
+
+KEYWORDS: dict[str, Keyword] = {
+    **dict.fromkeys((*_DROP, "$defs"), _drop),
+    "properties": _properties,
+    "items": _items,
+    "additionalProperties": _additional_properties,
+    "const": _const,
+    "exclusiveMinimum": _exclusive_bound,
+    "exclusiveMaximum": _exclusive_bound,
+    "default": _default,
+}
+
+
+def _finish(out: dict[str, Any], cls: type[BaseModel] | None) -> dict[str, Any]:
+    """What a converted node needs beyond its keywords."""
+    _structural(out)
+    if cls is not None:
+        _from_model(out, cls)
+    return out
+
+
+def _structural(out: dict[str, Any]) -> None:
+    """Objects that keep unknown fields declare no value schema; an enum needs its type spelled out."""
+    if out.get("x-kubernetes-preserve-unknown-fields"):
+        out.pop("additionalProperties", None)
+        out["type"] = "object"
+    if "enum" in out and "type" not in out:
+        out["type"] = "string" if all(isinstance(v, str) for v in out["enum"]) else "integer"
+
+
+def _from_model(out: dict[str, Any], cls: type[BaseModel]) -> None:
+    """The model's cross-field rules as CEL, and its docstring as the description if the field gave none."""
+    if issubclass(cls, Checked) and cls.RULES:
+        out["x-kubernetes-validations"] = [r.schema() for r in cls.RULES]
+    if cls.__doc__ and "description" not in out:
+        out["description"] = " ".join(cls.__doc__.split())
 
 
 def _status_schema() -> dict[str, Any]:

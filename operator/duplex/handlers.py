@@ -1,7 +1,11 @@
-"""kopf handlers: thin shells that wake one reconcile loop per DisaggregatedServing.
+"""kopf handlers: a thin shell around the work queue and its workers (workers.py).
 
-Each parent gets a daemon that runs `reconcile_once` whenever the parent or one of its children changes, and at a
-resync interval otherwise (level-triggered: the pass ignores which trigger fired).
+kopf's watch streams keep in-memory indices: the DisaggregatedServings by uid, and each child kind by the uid in
+its owner reference (not by a label users can edit). Every event of a parent, or of a child it owns, puts the
+parent's uid on the queue; workers started at startup run one level-triggered pass per uid and resync it later.
+
+No daemon and no timer per object, so kopf puts no finalizer on DisaggregatedServings: deleting one never waits
+for the operator, and its children are garbage-collected through their owner references.
 """
 
 from __future__ import annotations
@@ -10,44 +14,41 @@ import asyncio
 import copy
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
-from duplex import metrics
-from duplex.api.meta import GROUP, PLURAL, VERSION
-from duplex.children.labels import MANAGED_BY, SERVING_LABEL
-from duplex.kube import Kube, TransientError, load_config
-from duplex.reconcile import reconcile_once
+from duplex.api.meta import GROUP, KIND, PLURAL, VERSION
+from duplex.children.kinds import CHILD_KINDS, ChildKind
+from duplex.children.labels import MANAGED_BY
+from duplex.kube import Kube, load_config
+from duplex.workers import SETTLE_SECONDS, Caches, Workers
+from duplex.workqueue import WorkQueue
 
 log = logging.getLogger("duplex.operator")
 
 RESYNC_SECONDS = float(os.environ.get("DUPLEX_RESYNC_SECONDS", "60"))
-MAX_BACKOFF_SECONDS = 60.0
-CHILD_RESOURCES = (
-    ("", "v1", "serviceaccounts"),
-    ("rbac.authorization.k8s.io", "v1", "roles"),
-    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-    ("", "v1", "configmaps"),
-    ("", "v1", "services"),
-    ("apps", "v1", "deployments"),
-)
-
-_kube: Kube | None = None
-_wakeups: dict[tuple[str, str], asyncio.Event] = {}
+# Earlier versions ran a daemon per object, for which kopf kept this finalizer on every DisaggregatedServing. Naming
+# it here is what lets kopf take it off such objects: nothing requires a finalizer any more.
+LEGACY_FINALIZER = f"{GROUP}/operator"
 
 
-def kube() -> Kube:
-    global _kube
-    if _kube is None:
-        _kube = Kube(load_config(os.environ.get("DUPLEX_KUBECONFIG") or None))
-    return _kube
+def index_id(kind: ChildKind) -> str:
+    return f"{kind.plural}_by_owner"
 
 
-def _wake(namespace: str | None, name: str | None) -> None:
-    event = _wakeups.get((namespace or "", name or ""))
-    if event is not None:
-        event.set()
+def owner_uids(meta: Mapping[str, Any]) -> list[str]:
+    """uids of the DisaggregatedServings that own an object, from its ownerReferences."""
+    refs = meta.get("ownerReferences") or []
+    return [r["uid"] for r in refs if r.get("kind") == KIND and str(r.get("apiVersion", "")).startswith(f"{GROUP}/")]
+
+
+def _cached(body: kopf.Body) -> dict[str, Any]:
+    """A plain copy of an object for the indices; managedFields are large and never read."""
+    obj = copy.deepcopy({k: body[k] for k in body})
+    obj.get("metadata", {}).pop("managedFields", None)
+    return obj
 
 
 @kopf.on.login()
@@ -72,8 +73,8 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    settings.persistence.finalizer = f"{GROUP}/operator"
+async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **indices: Any) -> None:
+    settings.persistence.finalizer = LEGACY_FINALIZER
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
@@ -81,55 +82,49 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.request_timeout = 60
     settings.networking.error_backoffs = [1, 2, 4, 8, 15]
     settings.peering.standalone = True
-    kube()  # fail fast on a bad kubeconfig
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        # kopf logs each event handler's success at INFO: one line per child event, nothing worth reading.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    for kind in CHILD_KINDS:  # the server filters the child watches: the indices hold only what we manage
+        settings.watching.label_selectors[kind.group, kind.version, kind.plural] = (
+            f"app.kubernetes.io/managed-by={MANAGED_BY}"
+        )
+    # kopf hands startup handlers its indices empty; the watch streams fill them before any event handler runs.
+    caches = Caches(servings=indices["servings"], children=tuple(indices[index_id(kind)] for kind in CHILD_KINDS))
+    kube = Kube(load_config(os.environ.get("DUPLEX_KUBECONFIG") or None))  # fails fast on a bad kubeconfig
+    memo.queue = WorkQueue[str]()
+    memo.workers = asyncio.create_task(Workers(memo.queue, caches, kube, RESYNC_SECONDS).run(), name="reconcile")
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
-async def serve(name: str, namespace: str, body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
-    key = (namespace, name)
-    wakeup = _wakeups.setdefault(key, asyncio.Event())
-    metrics.SERVINGS.inc()
-    backoff = 1.0
-    try:
-        while not stopped:
-            wakeup.clear()
-            parent = copy.deepcopy({k: body[k] for k in body})  # body is a live view; reconcile a snapshot
-            try:
-                await asyncio.to_thread(reconcile_once, kube(), parent)
-                delay, backoff = RESYNC_SECONDS, 1.0
-            except TransientError as err:
-                metrics.RECONCILE_ERRORS.labels("transient").inc()
-                log.warning("%s/%s: transient API error, retrying in %.0fs: %s", namespace, name, backoff, err)
-                delay, backoff = backoff, min(backoff * 2, MAX_BACKOFF_SECONDS)
-            except Exception as err:  # never let one bad pass kill the loop
-                if "is being terminated" in str(err):
-                    log.info("%s/%s: namespace is terminating; nothing to converge", namespace, name)
-                    delay = RESYNC_SECONDS
-                else:
-                    metrics.RECONCILE_ERRORS.labels("unexpected").inc()
-                    log.exception("%s/%s: reconcile failed, retrying in %.0fs", namespace, name, backoff)
-                    delay, backoff = backoff, min(backoff * 2, MAX_BACKOFF_SECONDS)
-            await _sleep_or_wake(wakeup, delay)
-    finally:
-        metrics.SERVINGS.dec()
-        _wakeups.pop(key, None)
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    task: asyncio.Task[None] | None = getattr(memo, "workers", None)
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
-async def _sleep_or_wake(wakeup: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(wakeup.wait(), timeout=seconds)
-    except TimeoutError:
-        pass
+@kopf.index(GROUP, VERSION, PLURAL)
+async def servings(uid: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+    return {uid: _cached(body)}
+
+
+async def _by_owner(body: kopf.Body, meta: kopf.Meta, **_: Any) -> dict[str, dict[str, Any]] | None:
+    return {uid: _cached(body) for uid in owner_uids(meta)} or None
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def parent_changed(name: str, namespace: str, **_: Any) -> None:
-    _wake(namespace, name)
+async def parent_changed(uid: str, memo: kopf.Memo, **_: Any) -> None:
+    memo.queue.add(uid, SETTLE_SECONDS)
 
 
-def _child_changed(namespace: str, labels: dict[str, str], **_: Any) -> None:
-    _wake(namespace, labels.get(SERVING_LABEL))
+async def _child_changed(meta: kopf.Meta, memo: kopf.Memo, **_: Any) -> None:
+    for uid in owner_uids(meta):
+        memo.queue.add(uid, SETTLE_SECONDS)
 
 
-for _group, _version, _plural in CHILD_RESOURCES:
-    kopf.on.event(_group, _version, _plural, labels={"app.kubernetes.io/managed-by": MANAGED_BY})(_child_changed)
+for _kind in CHILD_KINDS:
+    kopf.index(group=_kind.group, version=_kind.version, plural=_kind.plural, id=index_id(_kind))(_by_owner)
+    kopf.on.event(group=_kind.group, version=_kind.version, plural=_kind.plural, id=f"{_kind.plural}_changed")(
+        _child_changed
+    )

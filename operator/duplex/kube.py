@@ -1,41 +1,28 @@
-"""The operator's Kubernetes I/O: server-side apply, label-selected lists, deletes, status and Events.
+"""The operator's writes to the API server: server-side apply and delete of children, the parent's status, Events.
 
-Synchronous (the `kubernetes` client); the reconcile pass runs in a worker thread.
+Reads never come through here: observed state is what kopf's watch streams deliver (see handlers.py). Paths come
+from the child-kind table, so no discovery requests are made. Synchronous (the `kubernetes` client's REST layer);
+the workers run a pass in a thread. Every failure is raised as an `ApiError`.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import logging
-import threading
 import uuid
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
-from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
 
-from duplex.api.meta import API_VERSION, FIELD_MANAGER, KIND
-from duplex.children.labels import MANAGED_BY, SERVING_LABEL
+from duplex.api.meta import API_VERSION, FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
+from duplex.apierrors import ApiError, Failure
+from duplex.children.kinds import ChildKind, kind_of
 
 log = logging.getLogger("duplex.kube")
 
-# Every kind the operator owns, in the order children are applied.
-CHILD_KINDS: tuple[tuple[str, str], ...] = (
-    ("v1", "ServiceAccount"),
-    ("rbac.authorization.k8s.io/v1", "Role"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
-    ("v1", "ConfigMap"),
-    ("v1", "Service"),
-    ("apps/v1", "Deployment"),
-)
-
-TRANSIENT_STATUSES = {409, 429, 500, 502, 503, 504}
-
-
-class TransientError(Exception):
-    """An API failure worth retrying with backoff (conflict, throttling, server errors, connection loss)."""
+REQUEST_TIMEOUT = (10.0, 60.0)  # connect, read (seconds)
 
 
 def load_config(kubeconfig: str | None = None) -> client.ApiClient:
@@ -49,124 +36,112 @@ def load_config(kubeconfig: str | None = None) -> client.ApiClient:
     return client.ApiClient()
 
 
-def _status(err: Exception) -> int | None:
-    return getattr(err, "status", None)
+def object_path(kind: ChildKind, namespace: str, name: str) -> str:
+    prefix = f"/apis/{kind.group}/{kind.version}" if kind.group else f"/api/{kind.version}"
+    scope = f"/namespaces/{namespace}" if kind.namespaced else ""
+    return f"{prefix}{scope}/{kind.plural}/{name}"
+
+
+def _child_path(obj: dict[str, Any]) -> str:
+    kind = kind_of(obj)
+    if kind is None:
+        raise ValueError(f"{obj.get('apiVersion')} {obj.get('kind')} is not a child kind")
+    meta = obj["metadata"]
+    return object_path(kind, meta.get("namespace", ""), meta["name"])
 
 
 class Kube:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.api_client = api_client
-        self._dynamic: DynamicClient | None = None
-        self._lock = threading.Lock()
-        self.writes = 0  # write calls made; the tests and metrics read it
 
-    @property
-    def dynamic(self) -> DynamicClient:
-        with self._lock:
-            if self._dynamic is None:
-                self._dynamic = DynamicClient(self.api_client)
-            return self._dynamic
-
-    def _resource(self, api_version: str, kind: str) -> Any:
-        return self.dynamic.resources.get(api_version=api_version, kind=kind)
-
-    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        query: list[tuple[str, str]] | None = None,
+    ) -> dict[str, Any]:
+        headers = {"Content-Type": content_type, "Accept": "application/json"}
         try:
-            return fn(*args, **kwargs)
-        except (ApiException, DynamicApiError) as err:
-            if _status(err) in TRANSIENT_STATUSES:
-                raise TransientError(f"{_status(err)}: {getattr(err, 'reason', err)}") from err
-            raise
-        except (OSError, ConnectionError) as err:  # urllib3 errors derive from these on connection loss
-            raise TransientError(str(err)) from err
-        except Exception as err:
-            if type(err).__module__.startswith("urllib3"):
-                raise TransientError(str(err)) from err
-            raise
-
-    def list_children(self, namespace: str, serving: str) -> list[dict[str, Any]]:
-        selector = f"{SERVING_LABEL}={serving},app.kubernetes.io/managed-by={MANAGED_BY}"
-        out: list[dict[str, Any]] = []
-        for api_version, kind in CHILD_KINDS:
-            res = self._resource(api_version, kind)
-            items = self._call(res.get, namespace=namespace, label_selector=selector).to_dict().get("items") or []
-            for item in items:
-                item.setdefault("apiVersion", api_version)
-                item.setdefault("kind", kind)
-            out += items
-        return out
+            method, url, headers, body, _ = self.api_client.param_serialize(
+                method, path, query_params=query, header_params=headers, body=body, auth_settings=["BearerToken"]
+            )
+            response = self.api_client.call_api(
+                method, url, header_params=headers, body=body, _request_timeout=REQUEST_TIMEOUT
+            )
+            data = response.read()
+        except (urllib3.exceptions.HTTPError, OSError) as err:  # refused, reset, timed out: no HTTP answer
+            raise ApiError(status=None, message=f"{type(err).__name__}: {err}") from err
+        except client.ApiException as err:  # the REST layer's own failures (TLS), also without an HTTP answer
+            raise ApiError(status=None, message=str(err.reason)) from err
+        if not 200 <= response.status < 300:
+            raise ApiError.from_response(response.status, data, response.headers)
+        return json.loads(data) if data else {}
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        res = self._resource(obj["apiVersion"], obj["kind"])
-        self.writes += 1
-        result = self._call(
-            self.dynamic.server_side_apply,
-            res,
+        """Server-side apply as the operator's field manager; the API's answer is the object as stored."""
+        return self._request(
+            "PATCH",
+            _child_path(obj),
             body=obj,
-            namespace=obj["metadata"].get("namespace"),
-            field_manager=FIELD_MANAGER,
-            force_conflicts=True,
+            content_type="application/apply-patch+yaml",  # JSON is YAML
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
         )
-        return result.to_dict()
 
     def delete(self, obj: dict[str, Any]) -> None:
-        res = self._resource(obj["apiVersion"], obj["kind"])
-        self.writes += 1
+        """Delete a child; its own children (pods, ReplicaSets) go in the background. Already gone is fine."""
         try:
-            self._call(
-                res.delete,
-                name=obj["metadata"]["name"],
-                namespace=obj["metadata"].get("namespace"),
-                body={"propagationPolicy": "Background"},
-            )
-        except NotFoundError:
-            pass
+            self._request("DELETE", _child_path(obj), body={"propagationPolicy": "Background"})
+        except ApiError as err:
+            if err.failure is not Failure.NOT_FOUND:
+                raise
 
-    def get_parent(self, namespace: str, name: str) -> dict[str, Any] | None:
-        res = self._resource(API_VERSION, KIND)
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge-patch the parent's status; the parent as stored, or None if it is gone."""
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
         try:
-            return self._call(res.get, name=name, namespace=namespace).to_dict()
-        except NotFoundError:
+            return self._request("PATCH", path, body={"status": status}, content_type="application/merge-patch+json")
+        except ApiError as err:
+            if err.failure is not Failure.NOT_FOUND:
+                raise
+            log.info("%s/%s is gone; status not written", namespace, name)
             return None
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        res = self._resource(API_VERSION, KIND)
-        self.writes += 1
-        try:
-            self._call(
-                res.status.patch,
-                name=name,
-                namespace=namespace,
-                body={"status": status},
-                content_type="application/merge-patch+json",
-            )
-        except NotFoundError:
-            log.info("%s/%s is gone; status not written", namespace, name)
-
     def post_event(self, parent: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event on the parent; best effort: a pass never fails for an Event."""
         meta = parent["metadata"]
-        stamp = datetime.datetime.now(datetime.UTC)
-        event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(name=f"{meta['name']}.{uuid.uuid4().hex[:12]}", namespace=meta["namespace"]),
-            involved_object=client.V1ObjectReference(
-                api_version=API_VERSION,
-                kind=KIND,
-                name=meta["name"],
-                namespace=meta["namespace"],
-                uid=meta["uid"],
-                resource_version=meta.get("resourceVersion"),
-            ),
-            reason=reason,
-            message=message[:1024],
-            type=type_,
-            source=client.V1EventSource(component=FIELD_MANAGER),
-            first_timestamp=stamp,
-            last_timestamp=stamp,
-            count=1,
-            reporting_component=FIELD_MANAGER,
-        )
-        self.writes += 1
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+                **({"resourceVersion": meta["resourceVersion"]} if meta.get("resourceVersion") else {}),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": FIELD_MANAGER},
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+            "reportingComponent": FIELD_MANAGER,
+        }
         try:
-            self._call(client.CoreV1Api(self.api_client).create_namespaced_event, meta["namespace"], event)
-        except (ApiException, TransientError) as err:  # an Event is best effort; never fail a reconcile for it
-            log.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], err)
+            self._request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=event)
+        except ApiError as err:
+            quiet = err.failure in (Failure.NAMESPACE_TERMINATING, Failure.NOT_FOUND)  # the parent goes with it
+            log.log(
+                logging.DEBUG if quiet else logging.WARNING,
+                "could not post event %s on %s/%s: %s",
+                reason,
+                meta["namespace"],
+                meta["name"],
+                err,
+            )

@@ -17,7 +17,7 @@ END = "<!-- END FIELD REFERENCE -->"
 def _type(node: dict[str, Any]) -> str:
     if "enum" in node:
         return " \\| ".join(f"`{v}`" for v in node["enum"])
-    t = node.get("type", "object")
+    t: str = node.get("type", "object")
     if t == "array":
         return f"[]{_type(node.get('items', {}))}"
     if t == "object" and "additionalProperties" in node:

@@ -1,10 +1,12 @@
-"""Pure status aggregation: live child Deployments + the spec -> the parent's status and conditions."""
+"""Pure status aggregation: observed child Deployments + the spec -> the parent's typed status and conditions."""
 
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
+from duplex.api.status import Condition, DisaggregatedServingStatus, RoleStatus
 from duplex.children.engine import engine_config_hash
 from duplex.children.kv_config import effective
 from duplex.children.labels import child_name
@@ -12,34 +14,33 @@ from duplex.children.services import router_endpoint
 from duplex.render import Serving
 
 WORKLOADS = ("prefill", "decode", "router")
+ROLE_CONDITIONS = {"prefill": "PrefillReady", "decode": "DecodeReady", "router": "RouterReady"}
+ConditionStatus = Literal["True", "False", "Unknown"]
 
 
 def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def role_status(desired: int, deployment: dict[str, Any] | None) -> dict[str, Any]:
+def role_status(desired: int, deployment: Mapping[str, Any] | None) -> RoleStatus:
     st = (deployment or {}).get("status") or {}
     meta = (deployment or {}).get("metadata") or {}
     current = st.get("observedGeneration", 0) >= meta.get("generation", 1)
     ready = st.get("readyReplicas", 0) or 0
     updated = (st.get("updatedReplicas", 0) or 0) if current else 0
-    return {
-        "replicas": desired,
-        "readyReplicas": ready,
-        "updatedReplicas": updated,
-        "summary": f"{ready}/{desired}",
-    }
+    return RoleStatus(replicas=desired, ready_replicas=ready, updated_replicas=updated, summary=f"{ready}/{desired}")
 
 
-def outdated_pods(deployment: dict[str, Any] | None) -> int:
+def outdated_pods(deployment: Mapping[str, Any] | None) -> int:
     """Pods still on an old template: during a surge roll the counts can look complete while these serve."""
     st = (deployment or {}).get("status") or {}
     return max(0, (st.get("replicas", 0) or 0) - (st.get("updatedReplicas", 0) or 0))
 
 
-def _role_condition(kind: str, rs: dict[str, Any], deployment: dict[str, Any] | None) -> tuple[str, str, str]:
-    desired, ready, updated = rs["replicas"], rs["readyReplicas"], rs["updatedReplicas"]
+def _role_condition(
+    kind: str, rs: RoleStatus, deployment: Mapping[str, Any] | None
+) -> tuple[ConditionStatus, str, str]:
+    desired, ready, updated = rs.replicas, rs.ready_replicas, rs.updated_replicas
     if deployment is None:
         return "False", "NotCreated", f"{kind} Deployment does not exist yet"
     if desired == 0:
@@ -52,87 +53,117 @@ def _role_condition(kind: str, rs: dict[str, Any], deployment: dict[str, Any] | 
     return "False", "ReplicasNotReady", f"{ready}/{desired} {kind} pods ready, {updated} updated"
 
 
-def _condition(
-    previous: dict[str, dict[str, Any]], ctype: str, status: str, reason: str, message: str, generation: int | None
-) -> dict[str, Any]:
-    before = previous.get(ctype)
-    changed = before is None or before.get("status") != status
-    return {
-        "type": ctype,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "observedGeneration": generation,
-        "lastTransitionTime": now() if changed else before.get("lastTransitionTime", now()),
-    }
+class _Conditions:
+    """Builds conditions that keep their lastTransitionTime while their status holds (API conventions)."""
+
+    def __init__(self, previous: DisaggregatedServingStatus | None, generation: int | None, at: str) -> None:
+        self.before = {c.type: c for c in (previous.conditions if previous else [])}
+        self.generation = generation
+        self.at = at
+
+    def __call__(self, ctype: str, status: ConditionStatus, reason: str, message: str) -> Condition:
+        before = self.before.get(ctype)
+        held = before is not None and before.status == status and before.last_transition_time is not None
+        return Condition(
+            type=ctype,
+            status=status,
+            reason=reason,
+            message=message,
+            observed_generation=self.generation,
+            last_transition_time=before.last_transition_time if held and before else self.at,
+        )
 
 
 def compute(
-    serving: Serving, deployments: dict[str, dict[str, Any] | None], previous: dict[str, Any] | None
-) -> dict[str, Any]:
-    """The parent's status; `deployments` maps prefill/decode/router to the live Deployment (or None)."""
+    serving: Serving,
+    deployments: Mapping[str, Mapping[str, Any] | None],
+    previous: DisaggregatedServingStatus | None,
+    at: str | None = None,
+) -> DisaggregatedServingStatus:
+    """The parent's status; `deployments` maps prefill/decode/router to the observed Deployment (or None)."""
     spec, gen = serving.spec, serving.generation
-    prev_conditions = {c["type"]: c for c in (previous or {}).get("conditions") or []}
+    condition = _Conditions(previous, gen, at or now())
     desired = {"prefill": spec.prefill.replicas, "decode": spec.decode.replicas, "router": spec.router.replicas}
     roles = {w: role_status(desired[w], deployments.get(w)) for w in WORKLOADS}
-    names = {"prefill": "PrefillReady", "decode": "DecodeReady", "router": "RouterReady"}
-    conditions = [_condition(prev_conditions, "ConfigValid", "True", "Valid", "spec accepted", gen)]
-    all_ready = True
+    role_conditions = []
     for w in WORKLOADS:
         st, reason, msg = _role_condition(w, roles[w], deployments.get(w))
-        all_ready &= st == "True"
-        conditions.append(_condition(prev_conditions, names[w], st, reason, msg, gen))
-    rolling = [w for w in WORKLOADS if roles[w]["updatedReplicas"] < desired[w] or outdated_pods(deployments.get(w))]
-    conditions.append(
-        _condition(
-            prev_conditions,
+        role_conditions.append(condition(ROLE_CONDITIONS[w], st, reason, msg))
+    not_ready = [c.type for c in role_conditions if c.status != "True"]
+    rolling = [w for w in WORKLOADS if roles[w].updated_replicas < desired[w] or outdated_pods(deployments.get(w))]
+    conditions = [
+        condition(
+            "Ready",
+            "False" if not_ready else "True",
+            "ComponentsNotReady" if not_ready else "AllComponentsReady",
+            f"not ready: {', '.join(not_ready)}" if not_ready else "prefill, decode and router are ready",
+        ),
+        condition("ConfigValid", "True", "Valid", "spec accepted"),
+        *role_conditions,
+        condition(
             "Progressing",
             "True" if rolling else "False",
             "RollingOut" if rolling else "Stable",
             f"rolling out: {', '.join(rolling)}" if rolling else "all workloads on the current spec",
-            gen,
-        )
-    )
-    not_ready = [names[w] for w in WORKLOADS if conditions[1 + WORKLOADS.index(w)]["status"] != "True"]
-    conditions.insert(
-        0,
-        _condition(
-            prev_conditions,
-            "Ready",
-            "True" if all_ready else "False",
-            "AllComponentsReady" if all_ready else "ComponentsNotReady",
-            "prefill, decode and router are ready" if all_ready else f"not ready: {', '.join(not_ready)}",
-            gen,
         ),
+    ]
+    return DisaggregatedServingStatus(
+        observed_generation=gen,
+        prefill=roles["prefill"],
+        decode=roles["decode"],
+        router=roles["router"],
+        router_endpoint=router_endpoint(spec, serving.name, serving.namespace),
+        effective_kv=effective(spec),
+        engine_config_hash=engine_config_hash(spec, serving.name, serving.namespace),
+        conditions=conditions,
     )
-    return {
-        "observedGeneration": gen,
-        **roles,
-        "routerEndpoint": router_endpoint(spec, serving.name, serving.namespace),
-        "effectiveKV": effective(spec),
-        "engineConfigHash": engine_config_hash(spec, serving.name, serving.namespace),
-        "conditions": conditions,
-    }
 
 
-def invalid(generation: int | None, message: str, previous: dict[str, Any] | None) -> dict[str, Any]:
-    """Status for a spec the operator refuses: ConfigValid=False, Ready=False, children left as they were."""
-    prev_conditions = {c["type"]: c for c in (previous or {}).get("conditions") or []}
-    keep = [c for c in (previous or {}).get("conditions") or [] if c["type"] not in ("ConfigValid", "Ready")]
-    return {
-        "observedGeneration": generation,
-        "conditions": [
-            _condition(prev_conditions, "Ready", "False", "ConfigInvalid", message, generation),
-            _condition(prev_conditions, "ConfigValid", "False", "ConfigInvalid", message, generation),
+def invalid(
+    generation: int | None, message: str, previous: DisaggregatedServingStatus | None, at: str | None = None
+) -> DisaggregatedServingStatus:
+    """Status for a spec the operator refuses: ConfigValid=False, Ready=False, children left as they were.
+
+    Only observedGeneration and conditions are set: written as a merge patch, the last good counts stay."""
+    condition = _Conditions(previous, generation, at or now())
+    keep = [c for c in (previous.conditions if previous else []) if c.type not in ("ConfigValid", "Ready")]
+    return DisaggregatedServingStatus(
+        observed_generation=generation,
+        conditions=[
+            condition("Ready", "False", "ConfigInvalid", message),
+            condition("ConfigValid", "False", "ConfigInvalid", message),
             *keep,
         ],
-    }
+    )
+
+
+def is_ready(status: DisaggregatedServingStatus | None) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in (status.conditions if status else []))
+
+
+def ready_message(status: DisaggregatedServingStatus) -> str:
+    return next((c.message for c in status.conditions if c.type == "Ready"), "")
+
+
+def patch_body(status: DisaggregatedServingStatus) -> dict[str, Any]:
+    """The status as written (a merge patch: fields left out are kept, none is ever written as null)."""
+    return status.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def parse_previous(status: Mapping[str, Any] | None) -> DisaggregatedServingStatus | None:
+    """The status last written, or None when there is none or it no longer parses (then every time restarts)."""
+    if not status:
+        return None
+    try:
+        return DisaggregatedServingStatus.model_validate(status)
+    except ValueError:
+        return None
 
 
 def deployment_names(serving: Serving) -> dict[str, str]:
     return {w: child_name(serving.name, w) for w in WORKLOADS}
 
 
-def differs(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
-    """Whether writing `new` changes anything (timestamps of unchanged conditions are carried over)."""
+def differs(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    """Whether writing `new` (a patch body) changes anything (timestamps of unchanged conditions are carried over)."""
     return any((old or {}).get(k) != v for k, v in new.items())

@@ -22,7 +22,8 @@ _NoAliasDumper.add_representer(str, _str_presenter)
 
 
 def dump_all(docs: Iterable[dict[str, Any]]) -> str:
-    return yaml.dump_all(list(docs), Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False, width=120)
+    text: str = yaml.dump_all(list(docs), Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False, width=120)
+    return text
 
 
 def load_all(text: str) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
@@ -66,17 +67,19 @@ class OperatorProcess:
         """SIGKILL: no graceful shutdown, as a crashed pod would get."""
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+            self.proc.wait(60)
         self.proc = None
 
     def stop(self) -> None:
+        """SIGTERM (kopf shuts down its watches and our workers), SIGKILL if that takes too long. The bounds are
+        generous: on a loaded 2-core machine interpreter teardown alone has taken several seconds."""
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(20)
+                self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+                self.proc.wait(60)
         self.proc = None
 
     def alive(self) -> bool:
@@ -95,26 +98,49 @@ class OperatorProcess:
             return ""
 
 
-def operator_writes(audit_log: Path, since: float, namespace: str | None = None) -> list[dict[str, Any]]:
-    """Write requests the operator's identity made after `since` (epoch seconds), from the API server audit log."""
-    out = []
+def operator_requests(audit_log: Path, since: float, until: float | None = None) -> list[dict[str, Any]]:
+    """Every request the operator's identity made that the API server received in [since, until) (epoch seconds),
+    one audit event per request: a watch's ResponseStarted (it may not have completed yet), else ResponseComplete."""
+    first: dict[str, dict[str, Any]] = {}
     with open(audit_log, encoding="utf-8", errors="replace") as fh:
         for line in fh:
+            if OPERATOR_USER not in line:  # cheap: most lines are the control plane's own
+                continue
             try:
                 ev = json.loads(line)
             except ValueError:
                 continue
-            if ev.get("stage") != "ResponseComplete" or ev.get("verb") not in WRITE_VERBS:
-                continue
             if (ev.get("user") or {}).get("username") != OPERATOR_USER:
                 continue
-            ref = ev.get("objectRef") or {}
-            if namespace and ref.get("namespace") != namespace:
+            if ev.get("stage") not in ("ResponseStarted", "ResponseComplete"):
                 continue
-            if _epoch(ev.get("requestReceivedTimestamp", "")) < since:
+            received = _epoch(ev.get("requestReceivedTimestamp", ""))
+            if received < since or (until is not None and received >= until):
                 continue
-            out.append(ev)
-    return out
+            first.setdefault(ev["auditID"], ev)
+    return list(first.values())
+
+
+def operator_writes(audit_log: Path, since: float, namespace: str | None = None) -> list[dict[str, Any]]:
+    """Write requests the operator's identity made after `since` (epoch seconds), from the API server audit log."""
+    return [
+        ev
+        for ev in operator_requests(audit_log, since)
+        if ev.get("verb") in WRITE_VERBS
+        and (not namespace or (ev.get("objectRef") or {}).get("namespace") == namespace)
+    ]
+
+
+def resource(ev: dict[str, Any]) -> str | None:
+    """The request's resource ("deployments", "disaggregatedservings/status"), None for a non-resource URL."""
+    ref = ev.get("objectRef") or {}
+    if not ref.get("resource"):
+        return None
+    return ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+
+
+def query(ev: dict[str, Any]) -> dict[str, list[str]]:
+    return parse_qs(urlsplit(ev.get("requestURI", "")).query)
 
 
 def _epoch(stamp: str) -> float:

@@ -5,13 +5,14 @@ Field descriptions become the CRD's `kubectl explain` text; defaults become sche
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from duplex import IMAGE
 from duplex.api.owned_args import owned_arg_rules
+from duplex.api.quantity import quantity
 from duplex.api.rules import Checked, Rule
 
 # Kubernetes-native structures (tolerations, affinity, ...) are passed through as-is; the API server validates them.
@@ -23,8 +24,8 @@ Quantity = Annotated[
 Name = Annotated[str, Field(min_length=1, max_length=253)]
 ExtraArgs = Annotated[list[Annotated[str, Field(max_length=1024)]], Field(max_length=64)]
 
-GPU = "nvidia.com/gpu"
-NEURON = "aws.amazon.com/neuron"
+GPU: Final = "nvidia.com/gpu"
+NEURON: Final = "aws.amazon.com/neuron"
 
 
 class Model(Checked):
@@ -327,9 +328,7 @@ class StoreSpec(Model):
 
 
 def _router_memory_ok(r: RouterSpec) -> bool:
-    from kubernetes.utils import parse_quantity
-
-    return parse_quantity(r.memory) >= parse_quantity("256Mi")
+    return quantity(r.memory) >= quantity("256Mi")
 
 
 class RouterSpec(Model):

@@ -8,6 +8,7 @@ from typing import Any
 
 from duplex.api.spec import DisaggregatedServingSpec, RoleSpec
 from duplex.children import efa
+from duplex.children.kinds import DEPLOYMENT
 from duplex.children.kv_config import kv_transfer_json
 from duplex.children.labels import ENGINE_HASH_ANNOTATION, HTTP_PORT, child_name, labels, selector
 
@@ -132,11 +133,9 @@ def engine_deployment(spec: DisaggregatedServingSpec, serving: str, namespace: s
     meta_labels = labels(serving, role_name)
     # No version label on pods: upgrading the operator alone must not roll GPU engines.
     pod_labels = {k: v for k, v in meta_labels.items() if k != "app.kubernetes.io/version"}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": child_name(serving, role_name), "namespace": namespace, "labels": meta_labels},
-        "spec": {
+    return DEPLOYMENT.manifest(
+        {"name": child_name(serving, role_name), "namespace": namespace, "labels": meta_labels},
+        spec={
             "replicas": role.replicas,
             "selector": {"matchLabels": selector(serving, role_name)},
             "strategy": {
@@ -148,7 +147,7 @@ def engine_deployment(spec: DisaggregatedServingSpec, serving: str, namespace: s
                 "spec": pod_spec,
             },
         },
-    }
+    )
 
 
 def engine_config_hash(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> str:

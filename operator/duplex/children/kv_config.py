@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from duplex.api.spec import NEURON, DisaggregatedServingSpec
+from duplex.api.status import EffectiveKV
 
 ROUTER_TTL_MARGIN = 30  # seconds the router's replay window stays below decode's block TTL by default
 
@@ -51,15 +52,15 @@ def kv_transfer_json(spec: DisaggregatedServingSpec, role: str) -> str:
     return json.dumps(kv_transfer_config(spec, role), separators=(",", ":"), sort_keys=True)
 
 
-def effective(spec: DisaggregatedServingSpec) -> dict[str, Any]:
+def effective(spec: DisaggregatedServingSpec) -> EffectiveKV:
     """status.effectiveKV: what the engines and the router actually run with."""
     kv = spec.kv_transfer
-    return {
-        "backend": backend(spec),
-        "bidirectional": kv.bidirectional,
-        "recomputeThreshold": kv.recompute_threshold,
-        "decodeBlocksTTL": kv.decode_blocks_ttl,
-        "routerConversationTTL": router_ttl(spec),
-        "leaseDuration": kv.lease_duration,
-        "loadFailurePolicy": kv.load_failure_policy,
-    }
+    return EffectiveKV(
+        backend=backend(spec),
+        bidirectional=kv.bidirectional,
+        recompute_threshold=kv.recompute_threshold,
+        decode_blocks_ttl=kv.decode_blocks_ttl,
+        router_conversation_ttl=router_ttl(spec),
+        lease_duration=kv.lease_duration,
+        load_failure_policy=kv.load_failure_policy,
+    )

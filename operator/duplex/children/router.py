@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kubernetes.utils import parse_quantity
-
+from duplex.api.quantity import quantity
 from duplex.api.spec import DisaggregatedServingSpec
 from duplex.children.engine import served_model_name
+from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, ROLE, ROLE_BINDING, SERVICE_ACCOUNT
 from duplex.children.kv_config import kv_transfer_config, router_ttl
 from duplex.children.labels import HTTP_PORT, child_name, labels, selector
 from duplex_sidecars.router.config import (
@@ -23,6 +23,11 @@ CONFIG_KEY = "router.json"
 STORE_MEMORY_SHARE = 0.6
 CONFIG_DIR = "/etc/duplex"
 REDIS_URL_ENV = "DUPLEX_REDIS_URL"
+# All the router may do with the API: follow the engines' EndpointSlices. The operator must hold these rights itself
+# to grant them (RBAC refuses escalation), so its ClusterRole is checked against this too.
+ROUTER_RULES: tuple[dict[str, list[str]], ...] = (
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+)
 
 
 def router_config(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> RouterConfig:
@@ -48,7 +53,7 @@ def router_config(spec: DisaggregatedServingSpec, serving: str, namespace: str) 
         store=StoreConfig(
             kind=store.type,
             max_entries=store.max_entries,
-            max_bytes=int(float(parse_quantity(spec.router.memory)) * STORE_MEMORY_SHARE),
+            max_bytes=int(float(quantity(spec.router.memory)) * STORE_MEMORY_SHARE),
             redis_url=redis.url if redis else None,
             redis_url_env=REDIS_URL_ENV if redis and redis.url_secret else None,
         ),
@@ -65,16 +70,10 @@ def router_configmap(spec: DisaggregatedServingSpec, serving: str, namespace: st
         "kv-transfer-prefill.json": json.dumps(kv_transfer_config(spec, "prefill"), indent=2, sort_keys=True) + "\n",
         "kv-transfer-decode.json": json.dumps(kv_transfer_config(spec, "decode"), indent=2, sort_keys=True) + "\n",
     }
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": child_name(serving, "router"),
-            "namespace": namespace,
-            "labels": labels(serving, "router"),
-        },
-        "data": data,
-    }
+    return CONFIG_MAP.manifest(
+        {"name": child_name(serving, "router"), "namespace": namespace, "labels": labels(serving, "router")},
+        data=data,
+    )
 
 
 def router_deployment(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> dict[str, Any]:
@@ -118,17 +117,15 @@ def router_deployment(spec: DisaggregatedServingSpec, serving: str, namespace: s
         pod_spec["tolerations"] = list(router.tolerations)
     meta_labels = labels(serving, "router")
     pod_labels = {k: v for k, v in meta_labels.items() if k != "app.kubernetes.io/version"}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace, "labels": meta_labels},
-        "spec": {
+    return DEPLOYMENT.manifest(
+        {"name": name, "namespace": namespace, "labels": meta_labels},
+        spec={
             "replicas": router.replicas,
             "selector": {"matchLabels": selector(serving, "router")},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
         },
-    }
+    )
 
 
 def router_rbac(serving: str, namespace: str) -> list[dict[str, Any]]:
@@ -136,20 +133,11 @@ def router_rbac(serving: str, namespace: str) -> list[dict[str, Any]]:
     name = child_name(serving, "router")
     meta = {"name": name, "namespace": namespace, "labels": labels(serving, "router")}
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": dict(meta),
-            "rules": [
-                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
-            ],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": dict(meta),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
-        },
+        SERVICE_ACCOUNT.manifest(dict(meta)),
+        ROLE.manifest(dict(meta), rules=[{k: list(v) for k, v in rule.items()} for rule in ROUTER_RULES]),
+        ROLE_BINDING.manifest(
+            dict(meta),
+            roleRef={"apiGroup": ROLE.group, "kind": ROLE.kind, "name": name},
+            subjects=[{"kind": SERVICE_ACCOUNT.kind, "name": name, "namespace": namespace}],
+        ),
     ]

@@ -5,15 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from duplex.api.spec import DisaggregatedServingSpec
+from duplex.children.kinds import SERVICE
 from duplex.children.labels import HTTP_PORT, child_name, labels, selector
 
 
 def engine_service(spec: DisaggregatedServingSpec, serving: str, namespace: str, role: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": child_name(serving, role), "namespace": namespace, "labels": labels(serving, role)},
-        "spec": {
+    return SERVICE.manifest(
+        {"name": child_name(serving, role), "namespace": namespace, "labels": labels(serving, role)},
+        spec={
             "clusterIP": "None",
             "selector": selector(serving, role),
             "ports": [
@@ -26,7 +25,7 @@ def engine_service(spec: DisaggregatedServingSpec, serving: str, namespace: str,
                 },
             ],
         },
-    }
+    )
 
 
 def router_service(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> dict[str, Any]:
@@ -35,16 +34,14 @@ def router_service(spec: DisaggregatedServingSpec, serving: str, namespace: str)
     metadata["labels"] = labels(serving, "router")
     if svc.annotations:
         metadata["annotations"] = dict(svc.annotations)
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": metadata,
-        "spec": {
+    return SERVICE.manifest(
+        metadata,
+        spec={
             "type": svc.type,
             "selector": selector(serving, "router"),
             "ports": [{"name": "http", "port": svc.port, "targetPort": "http", "protocol": "TCP"}],
         },
-    }
+    )
 
 
 def router_endpoint(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> str:

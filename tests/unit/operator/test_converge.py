@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from dsv_helpers import children, find
 
-from duplex.converge import APPLIED_HASH, adopt, covers, key, owned_by, owner_reference, plan
+from duplex.converge import APPLIED_HASH, covers, key, owned_by, owner_reference, plan, with_owner
 
 PARENT = {
     "apiVersion": "duplex.dev/v1alpha1",
@@ -27,7 +27,7 @@ SEEDISH = {
 
 def serverize(obj: dict[str, Any]) -> dict[str, Any]:
     """What the API server returns for an applied object: defaults filled in, quantities canonicalised."""
-    live = copy.deepcopy(adopt(obj, PARENT))
+    live = copy.deepcopy(with_owner(obj, PARENT))
     meta = live["metadata"]
     meta.update(
         uid="child-uid",
@@ -76,7 +76,7 @@ def serverize(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def desired() -> list[dict[str, Any]]:
-    return [adopt(o, PARENT) for o in children(SEEDISH)]
+    return [with_owner(o, PARENT) for o in children(SEEDISH)]
 
 
 # --- covers -----------------------------------------------------------------------------------------------------
@@ -242,7 +242,7 @@ def test_changed_configmap_data_and_hash_annotation_are_drift() -> None:
 
 def test_spec_change_is_planned_for_exactly_the_affected_children() -> None:
     live = _live()
-    changed = [adopt(o, PARENT) for o in children({**SEEDISH, "kvTransfer": {"recomputeThreshold": 8}})]
+    changed = [with_owner(o, PARENT) for o in children({**SEEDISH, "kvTransfer": {"recomputeThreshold": 8}})]
     apply, _ = plan(changed, live, "uid-1")
     # engines roll with the new threshold; the ConfigMap shows it (kv-transfer-*.json); nothing else changes
     assert names(apply) == [("ConfigMap", "demo-router"), ("Deployment", "demo-prefill"), ("Deployment", "demo-decode")]
@@ -288,11 +288,11 @@ def test_same_name_different_kind_is_a_different_child() -> None:
 # --- owner references -------------------------------------------------------------------------------------------
 
 
-def test_owner_reference_and_adopt() -> None:
+def test_owner_reference_and_with_owner() -> None:
     child = children()[0]
     before = copy.deepcopy(child)
-    adopted = adopt(child, PARENT)
-    assert child == before  # adopt is pure
+    adopted = with_owner(child, PARENT)
+    assert child == before  # with_owner is pure
     assert adopted["metadata"]["ownerReferences"] == [
         {
             "apiVersion": "duplex.dev/v1alpha1",
@@ -306,10 +306,10 @@ def test_owner_reference_and_adopt() -> None:
     rest = {k: v for k, v in adopted["metadata"].items() if k not in ("ownerReferences", "annotations")}
     assert rest == {k: v for k, v in child["metadata"].items() if k != "annotations"}
     stamp = adopted["metadata"]["annotations"][APPLIED_HASH]
-    assert adopt(child, PARENT)["metadata"]["annotations"][APPLIED_HASH] == stamp  # deterministic
+    assert with_owner(child, PARENT)["metadata"]["annotations"][APPLIED_HASH] == stamp  # deterministic
     edited = copy.deepcopy(child)
     edited["metadata"]["labels"] = {**edited["metadata"].get("labels", {}), "extra": "x"}
-    assert adopt(edited, PARENT)["metadata"]["annotations"][APPLIED_HASH] != stamp
+    assert with_owner(edited, PARENT)["metadata"]["annotations"][APPLIED_HASH] != stamp
     assert owned_by(adopted, "uid-1") and not owned_by(adopted, "uid-2") and not owned_by(child, "uid-1")
     assert not owned_by({"metadata": {"ownerReferences": None}}, "uid-1") and not owned_by({}, "uid-1")
 

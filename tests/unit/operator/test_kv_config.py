@@ -120,7 +120,7 @@ def test_effective_kv() -> None:
             },
         }
     )
-    assert effective(s) == {
+    assert effective(s).model_dump(by_alias=True) == {
         "backend": "LIBFABRIC",
         "bidirectional": False,
         "recomputeThreshold": 128,
@@ -134,8 +134,11 @@ def test_effective_kv() -> None:
 def test_effective_kv_keys_are_the_status_model_aliases() -> None:
     from duplex.api.status import EffectiveKV
 
-    dumped = EffectiveKV.model_validate(effective(spec())).model_dump(by_alias=True)
-    assert dumped == effective(spec())
+    kv = effective(spec())
+    dumped = kv.model_dump(by_alias=True)
+    assert set(dumped) == {f.alias or name for name, f in EffectiveKV.model_fields.items()}
+    assert None not in dumped.values()  # every field is set: a merge patch never drops one
+    assert EffectiveKV.model_validate(dumped) == kv
 
 
 def test_seed_example_values(seed_doc: dict) -> None:

@@ -16,7 +16,7 @@ desired object then drops the fields the operator's field manager no longer send
 import pytest
 from dsv_helpers import children
 
-from duplex.converge import adopt, plan
+from duplex.converge import plan, with_owner
 
 PARENT = {
     "apiVersion": "duplex.dev/v1alpha1",
@@ -37,7 +37,7 @@ REMOVALS = {
 @pytest.mark.parametrize("field", list(REMOVALS))
 def test_removing_a_setting_is_applied(field):
     with_setting, child = REMOVALS[field]
-    live = [adopt(o, PARENT) for o in children(with_setting)]
-    desired = [adopt(o, PARENT) for o in children()]
+    live = [with_owner(o, PARENT) for o in children(with_setting)]
+    desired = [with_owner(o, PARENT) for o in children()]
     to_apply, _ = plan(desired, live, "uid-1")
     assert child in [(o["kind"], o["metadata"]["name"]) for o in to_apply]

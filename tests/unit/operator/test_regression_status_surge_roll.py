@@ -35,7 +35,7 @@ def test_surge_roll_with_new_pod_not_ready_is_progressing_and_not_ready():
     s = serving()
     ok = dep(1, 1, 1, 1)
     rolling = dep(1, ready=1, updated=1, total=2)  # old pod ready, new pod created but loading
-    st = status.compute(s, {"prefill": rolling, "decode": ok, "router": ok}, None)
+    st = status.patch_body(status.compute(s, {"prefill": rolling, "decode": ok, "router": ok}, None))
     c = {x["type"]: x for x in st["conditions"]}
     assert c["Progressing"]["status"] == "True"
     assert c["PrefillReady"]["status"] == "False"

@@ -59,7 +59,12 @@ SERVING = serving(name="qwen", namespace="inference")
 
 
 def compute(deployments: dict[str, Any], previous: dict[str, Any] | None = None, s: Any = SERVING) -> dict[str, Any]:
-    return status.compute(s, deployments, previous)
+    """The status as written: the typed model's patch body, from a previous status as read back from the API."""
+    return status.patch_body(status.compute(s, deployments, status.parse_previous(previous)))
+
+
+def invalid(generation: int | None, message: str, previous: dict[str, Any] | None) -> dict[str, Any]:
+    return status.patch_body(status.invalid(generation, message, status.parse_previous(previous)))
 
 
 # --- Ready ------------------------------------------------------------------------------------------------------
@@ -176,7 +181,10 @@ def test_status_carries_endpoint_effective_kv_hash_and_generation() -> None:
     assert st["observedGeneration"] == 4
     assert all(c["observedGeneration"] == 4 for c in st["conditions"])
     assert st["routerEndpoint"] == "http://qwen-router.inference.svc:8000"
-    assert st["effectiveKV"] == effective(s.spec) and st["effectiveKV"]["recomputeThreshold"] == 32
+    assert (
+        st["effectiveKV"] == effective(s.spec).model_dump(by_alias=True)
+        and st["effectiveKV"]["recomputeThreshold"] == 32
+    )
     assert st["engineConfigHash"] == engine_config_hash(s.spec, "qwen", "inference")
 
 
@@ -255,7 +263,7 @@ def test_progressing_during_a_roll(clock: list[str]) -> None:
 
 
 def test_invalid_spec_status(clock: list[str]) -> None:
-    st = status.invalid(5, "spec: bad ttl", None)
+    st = invalid(5, "spec: bad ttl", None)
     assert st["observedGeneration"] == 5
     c = conds(st)
     assert set(c) == {"Ready", "ConfigValid"}
@@ -267,7 +275,7 @@ def test_invalid_spec_status(clock: list[str]) -> None:
 def test_invalid_spec_keeps_the_role_conditions_and_last_good_fields(clock: list[str]) -> None:
     good = compute(all_ready())
     clock[0] = T1
-    st = status.invalid(2, "spec: broken", good)
+    st = invalid(2, "spec: broken", good)
     c = conds(st)
     assert (c["Ready"]["status"], c["Ready"]["lastTransitionTime"]) == ("False", T1)
     assert (c["ConfigValid"]["status"], c["ConfigValid"]["lastTransitionTime"]) == ("False", T1)
@@ -277,13 +285,13 @@ def test_invalid_spec_keeps_the_role_conditions_and_last_good_fields(clock: list
     # fields it does not set are left alone by a merge patch: differs only looks at what is written
     assert set(st) == {"observedGeneration", "conditions"}
     clock[0] = T2
-    again = status.invalid(2, "spec: broken", {**good, **st})
+    again = invalid(2, "spec: broken", {**good, **st})
     assert conds(again)["Ready"]["lastTransitionTime"] == T1
     assert not status.differs({**good, **st}, again)
 
 
 def test_valid_again_after_invalid(clock: list[str]) -> None:
-    bad = status.invalid(2, "spec: broken", None)
+    bad = invalid(2, "spec: broken", None)
     clock[0] = T1
     fixed = compute(all_ready(), previous=bad)
     c = conds(fixed)

@@ -1,0 +1,56 @@
+"""The kinds of object a DisaggregatedServing owns, declared once (Metacontroller's `childResources`).
+
+The builders stamp apiVersion and kind from here, the operator watches each kind, applies children in this order
+and deletes them in reverse, and a unit test checks the operator's ClusterRole against this table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# What the operator does with every child kind: kopf watches it (an initial LIST, then WATCH), server-side apply
+# PATCHes it (and needs `create` when the object does not exist yet), stale children are deleted.
+CHILD_VERBS = ("list", "watch", "create", "patch", "delete")
+
+
+@dataclass(frozen=True)
+class ChildKind:
+    group: str  # "" for the core API group
+    version: str
+    kind: str
+    plural: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def manifest(self, metadata: dict[str, Any], **fields: Any) -> dict[str, Any]:
+        """An object of this kind: apiVersion, kind, metadata, then the kind's own fields in the order given."""
+        return {"apiVersion": self.api_version, "kind": self.kind, "metadata": metadata, **fields}
+
+
+SERVICE_ACCOUNT = ChildKind("", "v1", "ServiceAccount", "serviceaccounts")
+ROLE = ChildKind("rbac.authorization.k8s.io", "v1", "Role", "roles")
+ROLE_BINDING = ChildKind("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings")
+CONFIG_MAP = ChildKind("", "v1", "ConfigMap", "configmaps")
+SERVICE = ChildKind("", "v1", "Service", "services")
+DEPLOYMENT = ChildKind("apps", "v1", "Deployment", "deployments")
+
+# Apply order: the router's identity and its config exist before the workloads that mount or run as them.
+CHILD_KINDS: tuple[ChildKind, ...] = (SERVICE_ACCOUNT, ROLE, ROLE_BINDING, CONFIG_MAP, SERVICE, DEPLOYMENT)
+
+_BY_TYPE = {(k.api_version, k.kind): k for k in CHILD_KINDS}
+
+
+def kind_of(obj: Mapping[str, Any]) -> ChildKind | None:
+    """The table entry of an object, or None for a kind the operator does not own."""
+    return _BY_TYPE.get((obj.get("apiVersion", ""), obj.get("kind", "")))
+
+
+def apply_rank(obj: Mapping[str, Any]) -> int:
+    """Position of the object's kind in the apply order (unknown kinds last)."""
+    kind = kind_of(obj)
+    return CHILD_KINDS.index(kind) if kind is not None else len(CHILD_KINDS)

@@ -1,0 +1,129 @@
+"""The operator's pure core, in Metacontroller's CompositeController shape:
+
+    sync(parent, observed children, previous status) -> children to apply, children to delete, new status, Events
+
+Level-triggered: it never asks what changed or which watch event woke it; every call computes the whole desired
+state from the spec, so running it twice, or after a crash halfway through applying, is safe. No I/O and no clock
+(the caller passes the time). `duplex render` prints the same desired children, less the owner reference that needs
+the live parent's uid: what users preview is what the cluster gets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from duplex import status as status_of
+from duplex.api.status import DisaggregatedServingStatus
+from duplex.children.kinds import DEPLOYMENT, apply_rank
+from duplex.converge import key, plan, with_owner
+from duplex.render import InvalidSpec, Serving, desired_children, parse
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to post on the parent."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    apply: list[dict[str, Any]] = field(default_factory=list)  # in apply order, owned by the parent
+    delete: list[dict[str, Any]] = field(default_factory=list)  # observed children, in delete order
+    status: DisaggregatedServingStatus = field(default_factory=DisaggregatedServingStatus)
+    write_status: bool = False  # False: the status as written already says exactly this
+    events: list[Event] = field(default_factory=list)
+    invalid: str | None = None  # why the spec was refused (then children are left exactly as they are)
+
+    @property
+    def ready(self) -> bool:
+        return status_of.is_ready(self.status)
+
+
+def sync(
+    parent: Mapping[str, Any],
+    observed: Sequence[Mapping[str, Any]],
+    previous: Mapping[str, Any] | None,
+    at: str,
+) -> SyncResult:
+    """One DisaggregatedServing -> what to do about it. `observed`: its children as the watch last saw them;
+    `previous`: its status as last written; `at`: the time stamped on conditions that change now."""
+    meta = parent["metadata"]
+    last = status_of.parse_previous(previous)
+
+    # 1. The spec, validated like admission does. A spec we refuse never half-applies: children stay untouched.
+    try:
+        serving = parse(dict(parent), meta["namespace"])
+    except InvalidSpec as err:
+        return _refused(meta.get("generation"), str(err), last, previous, at)
+
+    # 2. Desired children, owned by the parent and stamped with a hash of what they should hold.
+    desired = [with_owner(child, dict(parent)) for child in desired_children(serving)]
+
+    # 3. What must change: children missing or drifted get applied, children of ours no longer desired are deleted.
+    to_apply, to_delete = _changes(desired, observed, meta["uid"])
+
+    # 4. Status from the observed Deployments; the next pass sees what this one's writes did.
+    new = status_of.compute(serving, _deployments(serving, observed), last, at)
+    write = status_of.differs(previous, status_of.patch_body(new))
+
+    # 5. Events: what changed, and whether Ready flipped.
+    events = _applied_event(to_apply, to_delete) + (_readiness_event(last, new) if write else [])
+    return SyncResult(apply=to_apply, delete=to_delete, status=new, write_status=write, events=events)
+
+
+def _changes(
+    desired: list[dict[str, Any]], observed: Sequence[Mapping[str, Any]], uid: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(to apply in table order, to delete in reverse: Deployments first, so nothing runs without its config).
+    A child on its way out is left alone: deleting it again does nothing, its replacement comes once it is gone."""
+    to_apply, to_delete = plan(desired, [dict(o) for o in observed], uid)
+    leaving = {key(dict(o)) for o in observed if (o.get("metadata") or {}).get("deletionTimestamp")}
+    return (
+        sorted((o for o in to_apply if key(o) not in leaving), key=apply_rank),
+        sorted((o for o in to_delete if key(o) not in leaving), key=apply_rank, reverse=True),
+    )
+
+
+def _applied_event(to_apply: list[dict[str, Any]], to_delete: list[dict[str, Any]]) -> list[Event]:
+    if not (to_apply or to_delete):
+        return []
+    changes = ", ".join([*map(_ref, to_apply), *(f"-{_ref(o)}" for o in to_delete)])
+    return [Event("Normal", "Applied", f"converged children: {changes}")]
+
+
+def _readiness_event(last: DisaggregatedServingStatus | None, new: DisaggregatedServingStatus) -> list[Event]:
+    if status_of.is_ready(new) == status_of.is_ready(last):
+        return []
+    if status_of.is_ready(new):
+        return [Event("Normal", "Ready", "all components ready")]
+    return [Event("Warning", "NotReady", status_of.ready_message(new))]
+
+
+def _refused(
+    generation: int | None,
+    message: str,
+    last: DisaggregatedServingStatus | None,
+    previous: Mapping[str, Any] | None,
+    at: str,
+) -> SyncResult:
+    new = status_of.invalid(generation, message, last, at)
+    write = status_of.differs(previous, status_of.patch_body(new))
+    events = [Event("Warning", "ConfigInvalid", message)] if write else []
+    return SyncResult(status=new, write_status=write, events=events, invalid=message)
+
+
+def _deployments(serving: Serving, observed: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any] | None]:
+    by_key = {key(dict(o)): o for o in observed}
+    return {
+        workload: by_key.get((DEPLOYMENT.api_version, DEPLOYMENT.kind, name))
+        for workload, name in status_of.deployment_names(serving).items()
+    }
+
+
+def _ref(obj: Mapping[str, Any]) -> str:
+    return f"{obj['kind']}/{obj['metadata']['name']}"

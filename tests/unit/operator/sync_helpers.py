@@ -1,0 +1,115 @@
+"""Parents and their children as the watch would deliver them, for the tests of the sync core and its shell."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from dsv_helpers import doc, spec_dict
+
+from duplex import status
+from duplex.apierrors import ApiError
+from duplex.converge import owner_reference, with_owner
+from duplex.render import desired_children, parse
+from duplex.sync import sync
+
+T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
+UID = "uid-1"
+ALL = [
+    "ServiceAccount/demo-router",
+    "Role/demo-router",
+    "RoleBinding/demo-router",
+    "ConfigMap/demo-router",
+    "Service/demo-prefill",
+    "Service/demo-decode",
+    "Service/demo-router",
+    "Deployment/demo-prefill",
+    "Deployment/demo-decode",
+    "Deployment/demo-router",
+]
+Objects = list[dict[str, Any]]
+
+
+def parent(patch: dict[str, Any] | None = None, generation: int = 3) -> dict[str, Any]:
+    return doc(spec_dict(patch), name="demo", namespace="ns1", uid=UID, generation=generation)
+
+
+def observed(of: dict[str, Any], ready: bool = True) -> Objects:
+    """The children as the watch delivers them once converged: applied, then stored (uid, resourceVersion), and the
+    Deployments rolled out (all pods ready unless `ready` is False)."""
+    out = []
+    for child in desired_children(parse(of)):
+        live = copy.deepcopy(with_owner(child, of))
+        live["metadata"].update(uid=f"uid-{live['metadata']['name']}-{live['kind']}", resourceVersion="7")
+        if live["kind"] == "Deployment":
+            n = live["spec"]["replicas"]
+            live["metadata"]["generation"] = 1
+            live["status"] = {
+                "observedGeneration": 1,
+                "replicas": n,
+                "updatedReplicas": n,
+                "readyReplicas": n if ready else 0,
+                "availableReplicas": n if ready else 0,
+            }
+        out.append(live)
+    return out
+
+
+def converged_status(of: dict[str, Any], children: Objects) -> dict[str, Any]:
+    """The status a previous pass wrote for exactly this state."""
+    return status.patch_body(sync(of, children, None, at=T0).status)
+
+
+def edit(objs: Objects, ref: str, fn: Callable[[dict[str, Any]], None]) -> Objects:
+    objs = copy.deepcopy(objs)
+    kind, name = ref.split("/")
+    (target,) = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    fn(target)
+    return objs
+
+
+def stale(kind: str, api_version: str, name: str, owner_uid: str | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "ns1", "uid": f"uid-{name}", "resourceVersion": "3"}
+    if owner_uid is not None:
+        meta["ownerReferences"] = [{**owner_reference(parent()), "uid": owner_uid}]
+    return {"apiVersion": api_version, "kind": kind, "metadata": meta}
+
+
+def refs(objs: Objects) -> list[str]:
+    return [f"{o['kind']}/{o['metadata']['name']}" for o in objs]
+
+
+P = parent()
+LIVE = observed(P)
+LIVE_LOADING = observed(P, ready=False)
+READY = converged_status(P, LIVE)
+LOADING = converged_status(P, LIVE_LOADING)
+SCALED = parent({"decode": {"replicas": 2}})
+BAD = parent({"router": {"conversation": {"ttl": 480}}})  # not strictly below decodeBlocksTTL (480)
+
+
+class RecordingKube:
+    """Records each write; answers like the API server would (the object as stored)."""
+
+    def __init__(self, fail_apply: ApiError | None = None) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.fail_apply = fail_apply
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        if self.fail_apply is not None:
+            raise self.fail_apply
+        self.calls.append(("apply", *refs([obj])))
+        stored = copy.deepcopy(obj)
+        stored["metadata"]["resourceVersion"] = "8"
+        return stored
+
+    def delete(self, obj: dict[str, Any]) -> None:
+        self.calls.append(("delete", *refs([obj])))
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(("status", f"{namespace}/{name}"))
+        return {"status": status}
+
+    def post_event(self, parent: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        self.calls.append(("event", f"{type_}/{reason}"))

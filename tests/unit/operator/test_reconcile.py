@@ -1,0 +1,61 @@
+"""The shell around sync: reconcile_once does what the core decided and nothing else (applies in order, deletes,
+writes status only when it changed, posts the core's Events), against a recording stand-in for the API. The real
+API server is the integration tier's (tests/integration/test_operator.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sync_helpers import ALL, BAD, LIVE, LOADING, READY, P, RecordingKube, stale
+
+from duplex.apierrors import ApiError
+from duplex.reconcile import reconcile_once
+
+
+def with_status(parent: dict[str, Any], status: dict[str, Any] | None) -> dict[str, Any]:
+    return {**parent, "status": status} if status else dict(parent)
+
+
+def test_a_new_parent_applies_everything_then_writes_status_then_posts_events() -> None:
+    kube = RecordingKube()
+    outcome = reconcile_once(kube, P, [])  # type: ignore[arg-type]
+    assert kube.calls == [
+        *(("apply", ref) for ref in ALL),
+        ("status", "ns1/demo"),
+        ("event", "Normal/Applied"),
+    ]
+    assert outcome.applied == ALL and outcome.wrote and not outcome.ready
+
+
+def test_a_converged_parent_makes_no_call_at_all() -> None:
+    kube = RecordingKube()
+    outcome = reconcile_once(kube, with_status(P, READY), LIVE)  # type: ignore[arg-type]
+    assert kube.calls == []
+    assert not outcome.wrote and outcome.ready
+
+
+def test_stale_children_are_deleted_and_status_follows_readiness() -> None:
+    kube = RecordingKube()
+    observed = LIVE + [stale("Service", "v1", "demo-old", "uid-1")]
+    reconcile_once(kube, with_status(P, LOADING), observed)  # type: ignore[arg-type]
+    assert kube.calls == [
+        ("delete", "Service/demo-old"),
+        ("status", "ns1/demo"),
+        ("event", "Normal/Applied"),
+        ("event", "Normal/Ready"),
+    ]
+
+
+def test_a_refused_spec_only_writes_status_and_warns() -> None:
+    kube = RecordingKube()
+    outcome = reconcile_once(kube, with_status(BAD, READY), LIVE + [stale("Service", "v1", "demo-old", "uid-1")])  # type: ignore[arg-type]
+    assert kube.calls == [("status", "ns1/demo"), ("event", "Warning/ConfigInvalid")]
+    assert outcome.invalid and outcome.wrote
+
+
+def test_api_failures_reach_the_caller() -> None:
+    kube = RecordingKube(fail_apply=ApiError(status=409, reason="Conflict"))
+    with pytest.raises(ApiError) as err:
+        reconcile_once(kube, P, [])  # type: ignore[arg-type]
+    assert err.value.status == 409
