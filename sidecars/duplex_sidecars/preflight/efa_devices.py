@@ -7,6 +7,7 @@ namespace, so /sys/class/net is empty inside pods even on EFA nodes (Ray hit thi
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from duplex_sidecars.preflight.result import CheckResult, failed, passed, skipped, warned
@@ -42,7 +43,11 @@ def efa_device_names(root: Path) -> list[str]:
     return names
 
 
-def check(root: Path, requested: int, required: bool) -> CheckResult:
+def can_open(path: Path) -> bool:
+    return os.access(path, os.R_OK | os.W_OK)
+
+
+def check(root: Path, requested: int, required: bool, openable: Callable[[Path], bool] = can_open) -> CheckResult:
     """`requested` is the spec's devices per pod (0: not given); `required` is whether the backend needs EFA at all."""
     found = uverbs_devices(root)
     base = "/dev/infiniband"
@@ -60,7 +65,7 @@ def check(root: Path, requested: int, required: bool) -> CheckResult:
             f"running on this node, and does the container request {EFA_RESOURCE}: {want} in requests and limits?",
             **data,
         )
-    unusable = [p.name for p in found if not os.access(p, os.R_OK | os.W_OK)]
+    unusable = [p.name for p in found if not openable(p)]
     if unusable:
         return failed(
             NAME,

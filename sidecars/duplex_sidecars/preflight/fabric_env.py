@@ -5,6 +5,7 @@ LD_LIBRARY_PATH (NIXL's plugin then runs against a libfabric it was not built fo
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -21,9 +22,10 @@ SHOWN = ("FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "UCX_TLS", "LD_LIBRARY_PATH")
 
 
 def _names(value: str) -> tuple[bool, list[str]]:
-    """FI_PROVIDER / UCX_TLS lists: (is an exclusion list '^a,b', the names)."""
+    """FI_PROVIDER / UCX_TLS lists: (is an exclusion list '^a,b', the names). A layered libfabric provider
+    ('tcp;ofi_rxm') counts as its parts."""
     excluded = value.startswith("^")
-    return excluded, [n.strip() for n in value.lstrip("^").split(",") if n.strip()]
+    return excluded, [n.strip() for n in re.split(r"[,;]", value.lstrip("^")) if n.strip()]
 
 
 def _fi_provider_issue(value: str | None, backend: str) -> tuple[str, str] | None:

@@ -105,7 +105,8 @@ def termination_message(report: Report, budget: int = TERMINATION_BUDGET) -> str
     """The compact JSON for /dev/termination-log, never longer than `budget` bytes.
 
     Only failures and warnings keep their message (passes and skips carry name, status and value); if that is still
-    too long, messages and then values are shortened, the longest first, until it fits."""
+    too long, messages and then values are shortened, the longest first, until it fits. Past that (hundreds of
+    checks), entries are dropped from the end and counted in "omitted"."""
     checks = []
     for c in report.checks:
         entry = {"name": c.name, "status": c.status, "value": c.value}
@@ -125,6 +126,11 @@ def termination_message(report: Report, budget: int = TERMINATION_BUDGET) -> str
             if keep + 3 >= len(text):  # the longest cannot shrink, so none can
                 break
             longest[key] = text[:keep] + "..."
-    if len(encoded()) > budget:  # absurdly many checks: keep the verdict and the names of what failed
-        doc["checks"] = [{"name": e["name"], "status": e["status"]} for e in checks if e["status"] != "pass"]
+    if len(encoded()) > budget:  # absurdly many checks: the verdict, then as many names of what failed as fit
+        kept = [{"name": e["name"], "status": e["status"]} for e in checks if e["status"] != "pass"]
+        doc["checks"] = kept
+        doc["omitted"] = 0
+        while kept and len(encoded()) > budget:
+            kept.pop()
+            doc["omitted"] = len(checks) - len(kept)
     return encoded().decode()
