@@ -5,11 +5,14 @@ package: tests/integration/test_preflight.py runs them)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import duplex_sidecars
 from duplex.cli import SUBCOMMANDS
 from duplex_sidecars.preflight import cli, nixl_checks
 from duplex_sidecars.preflight.result import passed
@@ -155,3 +158,19 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
             cli.main(argv)
         assert e.value.code == 2
     assert "not a byte quantity" in capsys.readouterr().err
+
+
+def test_the_package_needs_only_the_standard_library(tmp_path: Path) -> None:
+    """It must run from the engine image, which has Python and NIXL but not duplex's dependencies: import it from a
+    Python without site-packages (-S) and with nothing but the package's parent on the path."""
+    sidecars = Path(duplex_sidecars.__file__).resolve().parents[1]
+    code = "import duplex_sidecars.preflight.cli, duplex_sidecars.preflight.nixl_probe; print('ok')"
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", code],
+        env={"PYTHONPATH": str(sidecars)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.stdout.strip() == "ok", proc.stderr
