@@ -1,7 +1,7 @@
 """`duplex preflight`: an engine pod's init container that proves the fabric the spec promises is there, before
 vLLM starts and silently falls back to TCP (or hangs) when it is not.
 
-Checks, in order (one module each; the file-based ones read under --root):
+Checks, in order (one module each; the file-based ones read under --root, the NIXL ones run live in this pod):
 
     efa_devices    /dev/infiniband/uverbs* count vs --efa-devices      efa_devices.py
     libfabric_efa  `fi_info -p efa`, else libfabric's files            libfabric.py

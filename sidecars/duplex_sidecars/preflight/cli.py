@@ -70,6 +70,7 @@ def run_checks(
 ) -> list[CheckResult]:
     """Every check, in order; `emit` sees each result as it is made (init-container logs show progress)."""
     root: Path = args.root
+    # EFA devices (and pinned memory for them) are needed by LIBFABRIC, and by any pod that requests them.
     efa_required = args.backend == "LIBFABRIC" or args.efa_devices > 0
     library_path = env.get("LD_LIBRARY_PATH", "") if args.library_path is None else args.library_path
     results: list[CheckResult] = []
@@ -80,7 +81,8 @@ def run_checks(
             emit(c)
 
     add(efa_devices.check(root, args.efa_devices, efa_required))
-    add(libfabric.check(root, efa_required, library_path, env.get("PATH", ""), env.get("FI_PROVIDER_PATH", "")))
+    uses_libfabric = args.backend == "LIBFABRIC"
+    add(libfabric.check(root, uses_libfabric, library_path, env.get("PATH", ""), env.get("FI_PROVIDER_PATH", "")))
     add(hugepages.check(root, args.hugepages))
     add(memlock.check(root, efa_required, 2 * args.size))
     rdma = len(efa_devices.uverbs_devices(root))

@@ -35,10 +35,10 @@ def _limit(n: int) -> str:
     return "unlimited" if n == resource.RLIM_INFINITY else format_bytes(n)
 
 
-def check(root: Path, required: bool, needed_bytes: int, getrlimit: GetRlimit = resource.getrlimit) -> CheckResult:
+def check(root: Path, required: bool, needed_bytes: int, getrlimit: GetRlimit | None = None) -> CheckResult:
     """`needed_bytes`: what this preflight registers itself; the engine registers far more."""
     status = proc_status(root)
-    soft, hard = getrlimit(resource.RLIMIT_MEMLOCK)
+    soft, hard = (getrlimit or resource.getrlimit)(resource.RLIMIT_MEMLOCK)
     eff = has_cap(status.get("CapEff", ""), CAP_IPC_LOCK)
     bnd = has_cap(status.get("CapBnd", ""), CAP_IPC_LOCK)
     uid = status.get("Uid", "").split()[1:2]  # real, effective, saved, fs: the effective one decides

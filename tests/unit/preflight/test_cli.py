@@ -14,7 +14,7 @@ import pytest
 
 import duplex_sidecars
 from duplex.cli import SUBCOMMANDS
-from duplex_sidecars.preflight import cli, nixl_checks
+from duplex_sidecars.preflight import cli, memlock, nixl_checks
 from duplex_sidecars.preflight.result import passed
 
 from .trees import CAPS_DEFAULT, CAPS_WITH_IPC_LOCK, FI_INFO_EFA, FakeRoot
@@ -39,6 +39,8 @@ def nixl_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No fabric variables, and a memlock limit like a container runtime's default (8 MiB), whatever this host's."""
+    monkeypatch.setattr(memlock.resource, "getrlimit", lambda which: (8 << 20, 8 << 20))
     for name in ("FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "UCX_TLS", "LD_LIBRARY_PATH", "FI_PROVIDER_PATH"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
@@ -113,7 +115,9 @@ def test_ucx_skips_the_efa_checks_and_says_so(
 @pytest.mark.usefixtures("clean_env", "nixl_calls")
 def test_ucx_with_efa_devices_requested_checks_them(fake_root: FakeRoot, capsys: pytest.CaptureFixture[str]) -> None:
     rc, doc, _ = preflight(fake_root, capsys, "--backend", "UCX", "--efa-devices", "4")
-    assert rc == 1 and doc["checks"][0]["status"] == "fail"
+    statuses = {c["name"]: c["status"] for c in doc["checks"]}
+    assert rc == 1 and statuses["efa_devices"] == "fail" and statuses["memlock"] == "fail"
+    assert statuses["libfabric_efa"] == "skip"  # UCX does not use libfabric, EFA or not
 
 
 @pytest.mark.usefixtures("clean_env", "nixl_calls")
