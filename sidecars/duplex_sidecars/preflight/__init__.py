@@ -18,14 +18,19 @@ Command line to render, from the spec (`network.efa`, `kvTransfer.backend`):
     duplex preflight --backend LIBFABRIC --efa-devices <efa.devicesPerPod> --hugepages <efa.hugepages2Mi>
     duplex preflight --backend UCX                                  # EFA off: the EFA checks report `skip`
 
-The init container must look like the engine container to the checks: the same resources (vpc.amazonaws.com/efa
-and hugepages-2Mi in requests and limits; the kubelet hands an init container's devices on to the app containers),
-the same securityContext (IPC_LOCK), the same env (FI_*, LD_LIBRARY_PATH) and, for libfabric_efa, nixl_backend and
-loopback to speak for the engine, the engine image's libraries. The package needs only the standard library until
-it loads NIXL, so `python3 -m duplex_sidecars.preflight` runs in the engine image once the package is on its
-PYTHONPATH (e.g. copied into a shared emptyDir by a first init container of the duplex image). Run from the duplex
-image instead, the pod-level checks still hold but the NIXL ones test the duplex image's NIXL. The init container
-needs memory for two --size buffers (default 64Mi each) and NIXL; keep `terminationMessagePolicy: File`.
+The init container must look like the engine container to the checks:
+- the same resources: vpc.amazonaws.com/efa and hugepages-2Mi in requests and limits (the kubelet hands an init
+  container's devices on to the app containers);
+- the same securityContext and user: IPC_LOCK is effective only for root, so the duplex image's user 65532 would
+  fail memlock on behalf of an engine that runs as root;
+- the same env (FI_*, LD_LIBRARY_PATH, UCX_*);
+- for libfabric_efa, nixl_backend and loopback to speak for the engine, the engine image's libraries. The package
+  needs only the standard library until it loads NIXL, so `python3 -m duplex_sidecars.preflight` runs in the engine
+  image once the package is on its PYTHONPATH (e.g. copied into a shared emptyDir by a first init container of the
+  duplex image). Run from the duplex image instead, the pod-level checks still hold but the NIXL ones test the
+  duplex image's NIXL (which has no libfabric).
+It needs memory for two --size buffers (default 64Mi each) plus NIXL, writes only under $TMPDIR, and reads back
+through `terminationMessagePolicy: File` (the default).
 
 Exit code 0: no check failed (with --strict: none warned either); 1 otherwise; 2: bad arguments. The kubelet keeps
 at most 4096 bytes of /dev/termination-log, read back from
