@@ -21,7 +21,7 @@ from duplex_sidecars.preflight.result import CheckResult, failed, passed, skippe
 BACKEND = "nixl_backend"
 LOOPBACK = "loopback"
 
-# Floors in GB/s (10^9 bytes/s) below which the path is broken, not merely slow. They are the health heuristics of
+# Floors in GB/s (10^9 bytes/s) below which the path is broken, not merely slow (held against the fastest READ). They are the health heuristics of
 # vLLM's NIXL metrics guide (docs/features/nixl_connector_metrics.md): above 1 GB/s on an RDMA fabric, above
 # 100 MB/s over TCP. A loopback inside one pod moves memory without a wire (UCX picks cma or shared memory; EFA
 # loops back through the device), so a healthy pod clears them many times over.
@@ -174,12 +174,16 @@ def judge_loopback(run: ProbeRun, backend: str, min_gbps: float) -> CheckResult:
         )
     size, seconds, small = rec["bytes"], rec["seconds"], rec["small_seconds"]
     gbps = size * len(seconds) / sum(seconds) / 1e9
+    # The floor is held against the fastest READ: a broken path (a transport fallback) is slow on every one, while
+    # neighbours competing for the CPU slow some; an init container should not fail a pod for its neighbours.
+    best_gbps = size / min(seconds) / 1e9
     p50_ms = statistics.median(seconds) * 1e3
     small_p50_us = statistics.median(small) * 1e6
     data = {
         "bytes": size,
         "iterations": len(seconds),
         "gbps": round(gbps, 3),
+        "best_gbps": round(best_gbps, 3),
         "min_gbps": min_gbps,
         "transfer_ms_p50": round(p50_ms, 3),
         "small_read_bytes": rec["small_bytes"],
@@ -191,11 +195,12 @@ def judge_loopback(run: ProbeRun, backend: str, min_gbps: float) -> CheckResult:
         f"{gbps:.2f} GB/s ({len(seconds)} READs of {format_bytes(size)}, p50 {p50_ms:.1f} ms), "
         f"{format_bytes(rec['small_bytes'])} READ p50 {small_p50_us:.0f} us, bytes verified"
     )
-    if gbps < min_gbps:
+    if best_gbps < min_gbps:
         return failed(
             LOOPBACK,
             value,
-            f"{gbps:.2f} GB/s is below the {backend} floor of {min_gbps:g} GB/s: a loopback inside the pod has no "
+            f"even the fastest READ ({best_gbps:.2f} GB/s) is below the {backend} floor of {min_gbps:g} GB/s: a "
+            "loopback inside the pod has no "
             "wire to blame, so the memory path is broken (transport fallback, CPU starvation, or pages not pinned); "
             "see the backend's log with NIXL_LOG_LEVEL=debug"
             + (" FI_LOG_LEVEL=debug" if backend == "LIBFABRIC" else ""),
