@@ -12,6 +12,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "crds": ("duplex.crd_cli", "print the DisaggregatedServing CRD"),
     "router": ("duplex_sidecars.router.cli", "run the KV-aware router"),
     "sim": ("duplex_sidecars.sim.cli", "run a simulated vLLM engine (prefill or decode)"),
+    "preflight": ("duplex_sidecars.preflight.cli", "check an engine pod's fabric (EFA, hugepages, memlock, NIXL)"),
 }
 
 
