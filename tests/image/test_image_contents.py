@@ -31,7 +31,7 @@ def test_entry_point_is_the_duplex_console_script(image: str, container: Working
     assert result.stdout.strip() == PYPROJECT_VERSION
 
 
-@pytest.mark.parametrize("command", ["operator", "router", "sim", "render", "crds"])
+@pytest.mark.parametrize("command", ["operator", "router", "sim", "render", "crds", "preflight"])
 def test_every_command_answers_help(container: WorkingContainer, command: str):
     result = container.run("duplex", command, "--help")
     assert result.returncode == 0, result.stderr

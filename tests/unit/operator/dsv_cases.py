@@ -9,6 +9,7 @@ from typing import Any
 from dsv_helpers import merge
 from pydantic import BaseModel
 
+import duplex
 from duplex.api.spec import DisaggregatedServingSpec
 
 # Every field set to a value other than its default. Exactly-one-of pairs are split across FULL and FULL_ALT.
@@ -195,7 +196,7 @@ DEFAULTS: dict[str, Any] = {
     },
     "router": {
         "replicas": 1,
-        "image": "ghcr.io/duplex-dev/duplex:0.1.0",
+        "image": duplex.IMAGE,
         "cpu": "1",
         "memory": "3Gi",
         "service": {"type": "ClusterIP", "port": 8000, "annotations": {}},
