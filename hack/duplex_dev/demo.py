@@ -185,7 +185,9 @@ async def chat(
 
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent. Use the tools."}]
     out = []
-    async with aiohttp.ClientSession() as http:
+    # No total limit: a turn on real CPU engines can take minutes on a busy machine; a stalled read still ends.
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=900)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
         for turn in range(1, turns + 1):
             messages.append({"role": "user", "content": f"Step {turn}: read the next file and summarise it."})
             if turn > 1:
