@@ -21,6 +21,8 @@ OWNED_FLAGS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("--enable-prefix-caching", "--no-enable-prefix-caching"), "spec.{role}.enablePrefixCaching"),
     (("--max-num-seqs",), "spec.{role}.maxNumSeqs"),
     (("--max-num-batched-tokens",), "spec.{role}.maxNumBatchedTokens"),
+    (("--tool-call-parser", "--enable-auto-tool-choice"), "spec.model.toolCallParser"),
+    (("--reasoning-parser",), "spec.model.reasoningParser"),
 )
 
 

@@ -117,6 +117,14 @@ class ModelSpec(Model):
         None, description="Secret key holding a Hugging Face token (HF_TOKEN)."
     )
     cache: ModelCache | None = Field(None, description="Volume with model weights/cache.")
+    tool_call_parser: Annotated[str, Field(pattern=r"^[a-z0-9_]+$", max_length=64)] | None = Field(
+        None,
+        description="vLLM --tool-call-parser (e.g. hermes), with --enable-auto-tool-choice: without it the engines "
+        "refuse requests with tools and the default tool_choice auto, which agentic clients send.",
+    )
+    reasoning_parser: Annotated[str, Field(pattern=r"^[a-z0-9_]+$", max_length=64)] | None = Field(
+        None, description="vLLM --reasoning-parser (e.g. qwen3)."
+    )
     env: EnvList = Field(default_factory=list, description="Extra environment for both roles' engines.")
     extra_args: ExtraArgs = Field(
         default_factory=list,
@@ -268,12 +276,23 @@ class ConversationSpec(Model):
 
     RULES = (
         Rule(
-            cel="self.bodyField != '' || self.header != ''",
-            message="router.conversation needs bodyField or header to read the conversation id",
-            holds=lambda c: bool(c.body_field) or bool(c.header),
+            cel="self.keying != 'id' || self.bodyField != '' || self.header != ''",
+            message="router.conversation.keying id needs bodyField or header to read the conversation id",
+            holds=lambda c: c.keying != "id" or bool(c.body_field) or bool(c.header),
         ),
     )
 
+    keying: Literal["id", "history", "both"] = Field(
+        "both",
+        description="How a turn finds decode's blocks from the previous turn: by the conversation id the client "
+        "sends (id), by a digest of its history up to its last assistant turn (history: no client change needed), "
+        "or by the id when there is one and the history otherwise (both).",
+    )
+    session_headers: Annotated[list[Annotated[str, Field(min_length=1, max_length=128)]], Field(max_length=8)] = Field(
+        ["X-Claude-Code-Session-Id"],
+        description="Headers of agent harnesses naming a session; they scope history-keyed state (a session holds "
+        "several conversations, such as subagents, so it never names one).",
+    )
     body_field: Annotated[str, Field(max_length=128)] = Field(
         "conversation_id",
         description="Top-level request body field with the conversation id (stripped before forwarding); '' disables.",
@@ -290,6 +309,25 @@ class ConversationSpec(Model):
         le=86400,
         description="Seconds the router may replay decode's blocks; must be below kvTransfer.decodeBlocksTTL "
         "(default: decodeBlocksTTL - 30).",
+    )
+
+
+class RouterLimitsSpec(Model):
+    """What one client can make a router hold. Each refusal is counted in duplex_router_rejected_requests_total."""
+
+    max_connections: int = Field(4096, ge=1, le=1_000_000, description="Open client connections (one more: 503).")
+    max_inflight_requests: int = Field(
+        512, ge=1, le=100_000, description="Completions served at once (one more: 503 with Retry-After)."
+    )
+    head_timeout: int = Field(10, ge=1, le=600, description="Seconds from a request's first byte to its head's end.")
+    body_timeout: int = Field(60, ge=1, le=3600, description="Seconds from a request's head to its body's end.")
+    idle_timeout: int = Field(75, ge=1, le=3600, description="Seconds a connection may stay silent.")
+    replay_prefill_timeout: int = Field(
+        30,
+        ge=1,
+        le=600,
+        description="Seconds a prefill leg that reads decode's blocks may take before the router abandons the read "
+        "and recomputes (vLLM 0.32 leaves a request whose read failed waiting for ever).",
     )
 
 
@@ -367,6 +405,7 @@ class RouterSpec(Model):
         default_factory=list, description="Kubernetes tolerations of router pods."
     )
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, le=1024**3, description="Largest accepted request body.")
+    limits: RouterLimitsSpec = Field(default_factory=RouterLimitsSpec, description="Client limits and deadlines.")
 
 
 def _decode_tp_ok(s: DisaggregatedServingSpec) -> bool:

@@ -39,6 +39,10 @@ def vllm_args(spec: DisaggregatedServingSpec, role_name: str) -> list[str]:
         args += ["--max-num-seqs", str(role.max_num_seqs)]
     if role.max_num_batched_tokens is not None:
         args += ["--max-num-batched-tokens", str(role.max_num_batched_tokens)]
+    if model.tool_call_parser is not None:
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", model.tool_call_parser]
+    if model.reasoning_parser is not None:
+        args += ["--reasoning-parser", model.reasoning_parser]
     args += ["--kv-transfer-config", kv_transfer_json(spec, role_name)]
     return args + list(model.extra_args) + list(role.extra_args)
 

@@ -12,10 +12,12 @@ from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, ROLE, ROLE_BINDING, SE
 from duplex.children.kv_config import kv_transfer_config, router_ttl
 from duplex.children.labels import HTTP_PORT, child_name, labels, selector
 from duplex_sidecars.router.config import (
+    ClientLimitsConfig,
     ConversationConfig,
     EndpointSliceDiscovery,
     RouterConfig,
     StoreConfig,
+    TimeoutsConfig,
 )
 
 CONFIG_KEY = "router.json"
@@ -32,6 +34,7 @@ ROUTER_RULES: tuple[dict[str, list[str]], ...] = (
 
 def router_config(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> RouterConfig:
     conv = spec.router.conversation
+    limits = spec.router.limits
     store = spec.router.store
     redis = store.redis
     return RouterConfig(
@@ -44,6 +47,8 @@ def router_config(spec: DisaggregatedServingSpec, serving: str, namespace: str) 
             port_name="http",
         ),
         conversation=ConversationConfig(
+            keying=conv.keying,
+            session_headers=list(conv.session_headers),
             body_field=conv.body_field or None,
             header=conv.header or None,
             tenant_header=conv.tenant_header,
@@ -58,6 +63,14 @@ def router_config(spec: DisaggregatedServingSpec, serving: str, namespace: str) 
             redis_url_env=REDIS_URL_ENV if redis and redis.url_secret else None,
         ),
         max_body_bytes=spec.router.max_body_bytes,
+        client_limits=ClientLimitsConfig(
+            max_connections=limits.max_connections,
+            max_inflight_requests=limits.max_inflight_requests,
+            head_timeout_seconds=float(limits.head_timeout),
+            body_timeout_seconds=float(limits.body_timeout),
+            idle_seconds=float(limits.idle_timeout),
+        ),
+        timeouts=TimeoutsConfig(replay_prefill_seconds=float(limits.replay_prefill_timeout)),
         served_model_names=[served_model_name(spec)],
     )
 

@@ -192,7 +192,7 @@ VIOLATIONS: dict[str, list[dict[str, Any]]] = {
     ],
     "ModelCache": [{}],
     "RolloutSpec": [{"maxSurge": 0, "maxUnavailable": 0}],
-    "ConversationSpec": [{"bodyField": "", "header": ""}],
+    "ConversationSpec": [{"keying": "id", "bodyField": "", "header": ""}],
     "EnvVar": [{"name": "X", "value": "x", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
     "KVTransferSpec": [{"sideChannelPort": 8000}],
     "RedisSpec": [{}],

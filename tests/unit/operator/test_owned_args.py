@@ -33,6 +33,9 @@ EXPECTED_FIELD = {
     "--no-enable-prefix-caching": "spec.{role}.enablePrefixCaching",
     "--max-num-seqs": "spec.{role}.maxNumSeqs",
     "--max-num-batched-tokens": "spec.{role}.maxNumBatchedTokens",
+    "--tool-call-parser": "spec.model.toolCallParser",
+    "--enable-auto-tool-choice": "spec.model.toolCallParser",
+    "--reasoning-parser": "spec.model.reasoningParser",
 }
 NOT_CONFIGURABLE = {"--port": "port 8000", "--host": "every pod address"}
 
@@ -41,7 +44,13 @@ def test_the_owned_flags_are_the_ones_duplex_renders() -> None:
     assert set(ALL_FLAGS) == set(EXPECTED_FIELD) | set(NOT_CONFIGURABLE)
     # Every flag duplex itself puts on the command line is owned (the model is positional).
     rendered = vllm_args(
-        spec({"model": {"maxModelLen": 1024}, "prefill": {"maxNumSeqs": 2, "maxNumBatchedTokens": 4}}), "prefill"
+        spec(
+            {
+                "model": {"maxModelLen": 1024, "toolCallParser": "hermes", "reasoningParser": "qwen3"},
+                "prefill": {"maxNumSeqs": 2, "maxNumBatchedTokens": 4},
+            }
+        ),
+        "prefill",
     )
     assert {a for a in rendered if a.startswith("-")} <= set(ALL_FLAGS)
 

@@ -356,11 +356,16 @@ def test_redis_with_one_source_accepted(redis: dict[str, Any]) -> None:
     assert parsed.router.store.redis is not None
 
 
-def test_conversation_needs_body_field_or_header() -> None:
-    body = spec_dict({"router": {"conversation": {"bodyField": "", "header": ""}}})
+def test_conversation_keyed_by_id_needs_body_field_or_header() -> None:
+    body = spec_dict({"router": {"conversation": {"keying": "id", "bodyField": "", "header": ""}}})
     assert errors_of(body) == [
-        "spec.router.conversation: router.conversation needs bodyField or header to read the conversation id"
+        "spec.router.conversation: router.conversation.keying id needs bodyField or header to read the "
+        "conversation id"
     ]
+    # Keyed by history (or both, the default), a conversation needs no id at all.
+    for keying in ("history", "both"):
+        no_id = spec({"router": {"conversation": {"keying": keying, "bodyField": "", "header": ""}}})
+        assert no_id.router.conversation.keying == keying
     assert spec({"router": {"conversation": {"bodyField": ""}}}).router.conversation.header == "X-Conversation-Id"
     assert spec({"router": {"conversation": {"header": ""}}}).router.conversation.body_field == "conversation_id"
     # An explicit null is pruned and re-defaulted, as the API server does.

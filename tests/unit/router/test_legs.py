@@ -74,10 +74,10 @@ async def test_a_gap_longer_than_the_idle_time_fails_the_read(body_of):
 
 
 async def test_gaps_shorter_than_the_idle_time_never_fail(body_of):
-    resp = await body_of([(0.08, b"x")] * 8)  # 0.64 s in all, far beyond the idle time
-    reader = ChunkReader(resp, 0.25)
+    resp = await body_of([(0.15, b"x")] * 10)  # 1.5 s in all, beyond the idle time; each gap far below it
+    reader = ChunkReader(resp, 1.0)
     try:
-        assert await read_all(reader) == b"x" * 8
+        assert await read_all(reader) == b"x" * 10
     finally:
         reader.close()
 
