@@ -18,7 +18,7 @@ from operator_harness import ROOT, free_port, wait_seconds
 
 sys.path.insert(0, str(ROOT / "tests" / "observability"))
 
-from chart_release import (  # noqa: E402
+from chart_release import (
     CRD_NAME,
     ChartOperator,
     Helm,
@@ -26,7 +26,7 @@ from chart_release import (  # noqa: E402
     operator_container,
     restore_generated_crd,
 )
-from tooling import CHART  # noqa: E402
+from tooling import CHART
 
 pytestmark = pytest.mark.cluster
 
@@ -265,6 +265,8 @@ def test_namespaced_mode_watches_only_its_namespaces(
             "ServiceAccount",
             "Role",
             "RoleBinding",
+            "ClusterRole",  # the cluster-scope rules only (CRD and namespace discovery)
+            "ClusterRoleBinding",
             "Deployment",
             "Service",
             "PodDisruptionBudget",
@@ -289,6 +291,7 @@ def test_namespaced_mode_watches_only_its_namespaces(
         assert "status" not in untouched and not untouched["metadata"].get("finalizers")
         assert not kubectl.json("-n", unwatched, "get", "deployments")["items"]
         kubectl("-n", namespace, "delete", "dsv", "qwen3-32b", "--wait=true", "--timeout=120s", timeout=180)
+        assert "forbidden" not in operator.log_path.read_text().lower()  # the Roles and cluster-scope rules suffice
     finally:
         if operator is not None:
             print(f"----- operator log ({operator.log_path}) -----\n{operator.log_tail()}")

@@ -301,7 +301,13 @@ def test_cluster_mode_binds_the_one_rule_list_cluster_wide(tmp_path: Path) -> No
 
 def test_namespaced_mode_renders_the_same_rules_into_each_watched_namespace(tmp_path: Path) -> None:
     objs = render(tmp_path, NAMESPACED)
-    assert not by_kind(objs, "ClusterRole") and not by_kind(objs, "ClusterRoleBinding")
+    # Cluster-wide only the list's rules on cluster-scoped kinds, read-only: kopf's CRD and namespace discovery.
+    cluster_role = one(objs, "ClusterRole")
+    assert cluster_role["rules"] and all(rule in rules() for rule in cluster_role["rules"])
+    scoped = {res for rule in cluster_role["rules"] for res in rule["resources"]}
+    assert scoped == {"customresourcedefinitions", "namespaces"}
+    assert {verb for rule in cluster_role["rules"] for verb in rule["verbs"]} <= {"get", "list", "watch"}
+    assert one(objs, "ClusterRoleBinding")["roleRef"]["name"] == cluster_role["metadata"]["name"]
     roles = {r["metadata"]["namespace"]: r for r in by_kind(objs, "Role")}
     bindings = {b["metadata"]["namespace"]: b for b in by_kind(objs, "RoleBinding")}
     assert set(roles) == set(bindings) == {"ml-a", "ml-b"}

@@ -50,6 +50,22 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- required "files/clusterrole.yaml has no rules" $role.rules | toYaml -}}
 {{- end -}}
 
+{{/* The rules of that list about cluster-scoped resources only (kopf discovers CRDs and follows namespaces):
+granted cluster-wide in namespaced mode, so that the operator reads what it must without holding anything
+cluster-wide on workloads. Picked from the one list by resource, never retyped. */}}
+{{- define "duplex.clusterScopedRules" -}}
+{{- $role := .Files.Get "files/clusterrole.yaml" | fromYaml -}}
+{{- $picked := list -}}
+{{- range $rule := $role.rules -}}
+{{- $clusterScoped := true -}}
+{{- range $resource := $rule.resources -}}
+{{- if not (has $resource (list "customresourcedefinitions" "namespaces")) -}}{{- $clusterScoped = false -}}{{- end -}}
+{{- end -}}
+{{- if $clusterScoped -}}{{- $picked = append $picked $rule -}}{{- end -}}
+{{- end -}}
+{{- toYaml $picked -}}
+{{- end -}}
+
 {{/* `duplex operator` flags: the watched scope, the ports the probes and scrapers use, the resync interval. */}}
 {{- define "duplex.operatorArgs" -}}
 {{- if .Values.watchNamespaces }}
