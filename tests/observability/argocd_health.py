@@ -24,7 +24,22 @@ EXPECTED = {
     "suspended": "Suspended",  # prefill scaled to zero
 }
 # Only what Argo CD's sandbox offers health scripts (base functions, table, string, math, and a safe os).
-_SANDBOX = ["ipairs", "pairs", "next", "tostring", "tonumber", "type", "select", "error", "assert", "pcall", "unpack", "table", "string", "math"]
+_SANDBOX = [
+    "ipairs",
+    "pairs",
+    "next",
+    "tostring",
+    "tonumber",
+    "type",
+    "select",
+    "error",
+    "assert",
+    "pcall",
+    "unpack",
+    "table",
+    "string",
+    "math",
+]
 
 
 def lua_literal(value: Any) -> str:
