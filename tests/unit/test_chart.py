@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -352,7 +353,10 @@ def test_crd_template_is_the_generated_crd_kept_on_uninstall(tmp_path: Path) -> 
     source = yaml.safe_load(CRD_SOURCE.read_text())
     assert crd["spec"] == source["spec"]
     assert crd["metadata"]["name"] == source["metadata"]["name"]
-    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert crd["metadata"]["annotations"] == {
+        "helm.sh/resource-policy": "keep",  # helm uninstall (and Flux's helm-controller, which runs Helm)
+        "argocd.argoproj.io/sync-options": "Delete=false,Prune=false",  # Argo CD applies the rendered chart itself
+    }
     assert source["metadata"]["labels"].items() <= crd["metadata"]["labels"].items()
     assert crd["metadata"]["labels"]["app.kubernetes.io/instance"] == "duplex"
     unkept = one(render(tmp_path, {"crds": {"install": True, "keep": False}}), "CustomResourceDefinition")
@@ -417,10 +421,11 @@ def test_pod_monitors_select_the_pods_the_operator_creates(variant: str, selecto
         (endpoint,) = spec["podMetricsEndpoints"]
         assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
         targets = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
-        assert targets == {
-            "serving": ["__meta_kubernetes_pod_label_duplex_dev_serving"],
-            "role": ["__meta_kubernetes_pod_label_duplex_dev_role"],
-        }
+        expected = {"serving": ["__meta_kubernetes_pod_label_duplex_dev_serving"]}
+        if name == "duplex-engines":  # vLLM's metrics have no role; the router's own `role` (engine pool) is kept
+            expected["role"] = ["__meta_kubernetes_pod_label_duplex_dev_role"]
+        assert targets == expected
+        assert endpoint["honorLabels"] is (name == "duplex-routers")
 
 
 def test_prometheus_rule_ships_the_tested_rule_file(tmp_path: Path) -> None:
@@ -438,3 +443,39 @@ def test_dashboard_config_map_for_the_grafana_sidecar(tmp_path: Path) -> None:
     assert cm["metadata"]["namespace"] == "grafana"
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(cm["data"]["duplex.json"]) == json.loads((CHART / "files" / "grafana-dashboard.json").read_text())
+
+
+# ----- docs/install.md stays true to the chart -------------------------------------------------------------------
+
+
+def _install_doc_yaml() -> list[dict[str, Any]]:
+    text = (ROOT / "docs" / "install.md").read_text()
+    docs = []
+    for block in re.findall(r"```yaml\n(.*?)```", text, flags=re.S):
+        docs += [d for d in yaml.safe_load_all(block) if isinstance(d, dict)]
+    return docs
+
+
+def test_install_doc_ships_the_health_check_verbatim() -> None:
+    (cm,) = [d for d in _install_doc_yaml() if d.get("kind") == "ConfigMap" and d["metadata"]["name"] == "argocd-cm"]
+    lua = (CHART / "files" / "argocd-health.lua").read_text()
+    assert cm["data"]["resource.customizations.health.duplex.dev_DisaggregatedServing"] == lua
+
+
+def test_install_doc_values_are_values_the_chart_accepts(tmp_path: Path) -> None:
+    """The values file, the Argo CD Application's valuesObject and the Flux HelmRelease's values all render."""
+    text = (ROOT / "docs" / "install.md").read_text()
+    (values_block,) = [
+        b for b in re.findall(r"```yaml\n(.*?)```", text, flags=re.S) if b.startswith("# duplex-values.yaml")
+    ]
+    candidates = [yaml.safe_load(values_block)]
+    for doc in _install_doc_yaml():
+        if doc.get("kind") == "Application" and doc["spec"]["source"].get("path") == "charts/duplex":
+            candidates.append(doc["spec"]["source"]["helm"]["valuesObject"])
+        if doc.get("kind") == "HelmRelease":
+            assert doc["spec"]["chart"]["spec"]["chart"] == "./charts/duplex"
+            candidates.append(doc["spec"]["values"])
+    assert len(candidates) == 3
+    for values in candidates:
+        kinds = {o["kind"] for o in tooling.render(tmp_path, values)}
+        assert {"Deployment", "PrometheusRule", "ServiceMonitor", "PodMonitor"} <= kinds
