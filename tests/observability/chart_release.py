@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from duplex_dev import processes
 from tooling import CHART, helm, run
+
+from duplex_dev import processes
 
 CRD_NAME = "disaggregatedservings.duplex.dev"
 CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "duplex.dev_disaggregatedservings.yaml"

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from duplex_dev.versions import version
 from prometheus_client.parser import text_string_to_metric_families
 from promql import exposed_names
 from tooling import CACHE
+
+from duplex_dev.versions import version
 
 VLLM_VENV = CACHE / f"vllm-{version('VLLM_VERSION')}"
 _DECLARED = re.compile(r"_(counter|gauge|histogram)_cls\(\s*name=\"(vllm:[a-z0-9_]+)\"")

@@ -11,11 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from exporters import Family, scrape, vllm_source_declarations
+from promql import HERE, TARGET_LABELS, all_queries, label_names, listed, metric_names
+
 from duplex_dev.chat import ChatClient, Conversation
 from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.sim import sim_pair
-from exporters import Family, scrape, vllm_source_declarations
-from promql import HERE, TARGET_LABELS, all_queries, label_names, listed, metric_names
 
 pytestmark = pytest.mark.nixl  # the simulator moves KV blocks with the real nixl package
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from duplex_dev.cluster import tools
 from duplex_dev.versions import version
 

@@ -14,10 +14,11 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from kubernetes_validate import utils as kv_utils
+
 from duplex import operator_cli
 from duplex.children.labels import labels as child_labels
 from duplex.children.router import STORE_MEMORY_SHARE
-from kubernetes_validate import utils as kv_utils
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "observability"))
