@@ -143,7 +143,9 @@ def test_install_upgrade_rollback_uninstall(cluster, kubectl, helm, release_name
     operator: ChartOperator | None = None
     try:
         # ---- install ----
-        helm.install(release, release_namespace, values)
+        notes = helm.install(release, release_namespace, values)
+        assert "watches every namespace (ClusterRole and ClusterRoleBinding duplex)" in notes  # NOTES.txt
+        assert "`helm uninstall` leaves it (helm.sh/resource-policy: keep)" in notes
         kubectl(
             "-n",
             release_namespace,
@@ -255,11 +257,12 @@ def test_namespaced_mode_watches_only_its_namespaces(
     release = "duplex-ns"
     operator: ChartOperator | None = None
     try:
-        helm.install(
+        notes = helm.install(
             release,
             release_namespace,
             local_ports() | {"watchNamespaces": [namespace, other], "crds": {"install": False, "keep": True}},
         )
+        assert f"watches the namespaces {namespace}, {other} (a Role and RoleBinding in each)" in notes
         manifest = helm.manifest(release, release_namespace)
         assert {o["kind"] for o in manifest} == {
             "ServiceAccount",
