@@ -60,7 +60,7 @@ crds-check: $(STAMP)
 
 ## The chart, its monitoring and its GitOps checks: helm lint/template, promtool, glua, then the cluster tier.
 test-chart: $(STAMP)
-	$(VENV)/bin/pytest -q tests/unit/test_chart.py tests/unit/test_chart_version.py tests/observability
+	$(VENV)/bin/pytest -q tests/unit/test_chart_render.py tests/unit/test_chart_version.py tests/observability
 	$(VENV)/bin/pytest -q tests/integration/test_chart.py tests/integration/test_chart_monitoring.py \
 		tests/integration/test_gitops.py tests/integration/test_gitops_health.py
 
