@@ -11,10 +11,10 @@ from exporters import scrape
 from promql import HERE, listed
 
 from duplex_dev.chat import ChatClient, Conversation
+from duplex_dev.launch import vllm as vllm_launch
 from duplex_dev.launch.router import RouterProcess
 
-# The launcher of real CPU engines is part of the real-vLLM tier; without it this file has nothing to run.
-vllm_launch = pytest.importorskip("duplex_dev.launch.vllm", reason="needs duplex_dev.launch.vllm (real vLLM tier)")
+pytestmark = pytest.mark.realvllm  # real vLLM CPU engines (hack/setup-vllm-cpu.sh) and the project's model
 
 VLLM = listed(HERE / "vllm-metrics.txt")
 
