@@ -216,14 +216,14 @@ def test_install_upgrade_rollback_uninstall(cluster, kubectl, helm, release_name
         assert left == [f"CustomResourceDefinition/{CRD_NAME}"]
         assert not kubectl("-n", release_namespace, "get", "secrets", "-l", f"owner=helm,name={release}", "-o", "name")
         assert helm("status", release, "-n", release_namespace, check=False).returncode != 0
-        # The servings and what they run are untouched; their deletion now waits for an operator (the finalizer).
+        # The servings and what they run are untouched, and hold no finalizer: deleting one needs no operator.
         dsv = kubectl.json("-n", namespace, "get", "dsv", "qwen3-32b")
-        assert "duplex.dev/operator" in dsv["metadata"]["finalizers"]
+        assert not dsv["metadata"].get("finalizers")
         assert (
             len(kubectl.json("-n", namespace, "get", "deployments", "-l", "duplex.dev/serving=qwen3-32b")["items"]) == 3
         )
 
-        # ---- install again: the kept CRD is adopted, the new operator finishes the serving's deletion ----
+        # ---- install again: the kept CRD is adopted; the serving's deletion takes its children (owner references) ----
         helm.install(release, release_namespace, values)
         identity = cluster.kubeconfig_for_serviceaccount(release_namespace, sa)
         operator = ChartOperator(

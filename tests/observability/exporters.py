@@ -31,9 +31,9 @@ class Family:
         return exposed_names(self.name, self.type)
 
 
-def scrape(url: str) -> dict[str, Family]:
+def scrape(url: str, timeout: float = 30.0) -> dict[str, Family]:
     """sample name -> family, for every family the endpoint exposes (labelled families with no samples too)."""
-    with urllib.request.urlopen(url, timeout=10) as resp:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:  # a busy CPU engine can take seconds
         text = resp.read().decode()
     out: dict[str, Family] = {}
     for fam in text_string_to_metric_families(text):
