@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup run test lint image test-unit test-cluster test-vllm test-realvllm test-image crds docs crds-check render cluster-up cluster-down bench bench-router bench-http clean
+.PHONY: setup run test lint image test-unit test-cluster test-vllm test-realvllm test-image test-chart crds docs crds-check render cluster-up cluster-down bench bench-router bench-http clean
 
 $(STAMP): pyproject.toml hack/pyproject.toml hack/versions.sh hack/setup.sh hack/build-tools.sh
 	bash hack/setup.sh
@@ -47,13 +47,22 @@ image: $(STAMP)
 test-image: image
 	$(VENV)/bin/pytest -q -m image
 
+## The CRD from the pydantic models, into crds/ and (byte-identical) into the chart, which ships it.
 crds: $(STAMP)
 	$(VENV)/bin/duplex crds -o crds --update-readme README.md
+	cp crds/duplex.dev_disaggregatedservings.yaml charts/duplex/files/crds/
 
 docs: crds
 
 crds-check: $(STAMP)
 	@$(VENV)/bin/duplex crds | diff -u crds/duplex.dev_disaggregatedservings.yaml - && echo "crds/ is up to date"
+	@diff -u crds/duplex.dev_disaggregatedservings.yaml charts/duplex/files/crds/ && echo "the chart's CRD is up to date"
+
+## The chart, its monitoring and its GitOps checks: helm lint/template, promtool, glua, then the cluster tier.
+test-chart: $(STAMP)
+	$(VENV)/bin/pytest -q tests/unit/test_chart_render.py tests/unit/test_chart_version.py tests/observability
+	$(VENV)/bin/pytest -q tests/integration/test_chart.py tests/integration/test_chart_monitoring.py \
+		tests/integration/test_gitops.py tests/integration/test_gitops_health.py
 
 render: $(STAMP)
 	$(VENV)/bin/duplex render -f examples/seed.yaml

@@ -79,6 +79,27 @@ build_helm() {
   GOBIN="$BIN" go install "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION"
 }
 
+# Checkers of the chart's PrometheusRule and Argo CD health check; each in its own version-keyed directory beside BIN
+# (DUPLEX_TOOLS_ONLY=checks builds just these two).
+build_promtool() {
+  local dir="$CACHE/promtool-$PROMTOOL_VERSION"
+  if [ -x "$dir/promtool" ]; then say "promtool v$PROMTOOL_VERSION: cached"; return; fi
+  say "promtool v$PROMTOOL_VERSION: building (cold: about 4 min on 2 cores)"
+  mkdir -p "$dir"
+  GOBIN="$dir" go install -trimpath -ldflags "-s -w" "github.com/prometheus/prometheus/cmd/promtool@v$PROMTOOL_VERSION"
+}
+
+build_glua() {
+  local dir="$CACHE/glua-$GOPHER_LUA_VERSION"
+  if [ -x "$dir/glua" ]; then say "gopher-lua v$GOPHER_LUA_VERSION (glua): cached"; return; fi
+  say "gopher-lua v$GOPHER_LUA_VERSION (glua): building"
+  mkdir -p "$dir"
+  GOBIN="$dir" go install -trimpath -ldflags "-s -w" "github.com/yuin/gopher-lua/cmd/glua@v$GOPHER_LUA_VERSION"
+}
+
+build_glua
+build_promtool
+if [ "${DUPLEX_TOOLS_ONLY:-}" = checks ]; then say "checkers ready"; exit 0; fi
 build_etcd
 build_kwok
 build_helm

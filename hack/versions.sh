@@ -7,6 +7,12 @@
 : "${KWOK_VERSION:=0.8.0}"
 : "${HELM_VERSION:=3.21.4}"
 
+# Observability and GitOps checks (hack/build-tools.sh): promtool checks and unit-tests the chart's PrometheusRule;
+# glua is gopher-lua, the Lua interpreter Argo CD embeds (Argo CD v3.6.1's go.mod requires gopher-lua v1.1.2), and
+# runs the chart's Argo CD health check.
+: "${PROMTOOL_VERSION:=0.316.0}"
+: "${GOPHER_LUA_VERSION:=1.1.2}"
+
 # The project's virtualenv: NIXL's DRAM/UCX transport for the simulator.
 : "${NIXL_VERSION:=1.5.1}"
 

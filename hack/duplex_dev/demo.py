@@ -48,10 +48,10 @@ def kubectl(cluster: LocalCluster, *args: str, input: str | None = None, check: 
 
 
 def install(cluster: LocalCluster) -> None:
-    say("installing the CRD (crds/) and the operator's ClusterRole (charts/duplex/templates/clusterrole.yaml)")
+    say("installing the CRD (crds/) and the operator's ClusterRole (charts/duplex/files/clusterrole.yaml)")
     kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
     kubectl(cluster, "wait", "--for=condition=Established", "crd/disaggregatedservings.duplex.dev", "--timeout=60s")
-    kubectl(cluster, "apply", "-f", str(ROOT / "charts/duplex/templates/clusterrole.yaml"))
+    kubectl(cluster, "apply", "-f", str(ROOT / "charts/duplex/files/clusterrole.yaml"))
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
         "metadata": {"name": "duplex-operator-demo"},

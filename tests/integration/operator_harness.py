@@ -17,7 +17,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_USER = "duplex-operator"
-CLUSTER_ROLE = ROOT / "charts/duplex/templates/clusterrole.yaml"
+CLUSTER_ROLE = ROOT / "charts/duplex/files/clusterrole.yaml"
 CRD = ROOT / "crds/duplex.dev_disaggregatedservings.yaml"
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 

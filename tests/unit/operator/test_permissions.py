@@ -12,7 +12,7 @@ from duplex.api.meta import GROUP, PLURAL
 from duplex.children.kinds import CHILD_KINDS
 from duplex.permissions import Permission, required
 
-CLUSTER_ROLE = REPO / "charts/duplex/templates/clusterrole.yaml"
+CLUSTER_ROLE = REPO / "charts/duplex/files/clusterrole.yaml"
 
 
 def cluster_role() -> dict[str, Any]:
