@@ -2,8 +2,8 @@
 message reaches the template, so that a prompt rendered from it depends on exactly that.
 
 `parse_chat_message_content` keeps the role, the content as text (text-like parts joined with newlines; media parts
-stay parts), and per role: an assistant's `tool_calls` and `reasoning`, a tool message's `tool_call_id`, a string
-`name`. `_postprocess_messages` then turns tool-call arguments into objects (invalid JSON becomes `{}`) and drops
+stay parts), and per role: an assistant's `tool_calls` and `reasoning`, a tool message's `tool_call_id`, a developer
+message's `tools`, a string `name`. `_postprocess_messages` then turns tool-call arguments into objects (invalid JSON becomes `{}`) and drops
 an empty `tool_calls`. Everything else on a message (ids, statuses, annotations, phases...) never reaches the prompt.
 """
 
@@ -143,6 +143,8 @@ def parse_message(message: Any) -> dict[str, Any]:
         out["tool_call_id"] = message["tool_call_id"]
     if isinstance(message.get("name"), str):
         out["name"] = message["name"]
+    if role == "developer":  # tools announced mid-conversation (Responses' additional_tools)
+        out["tools"] = message.get("tools")
     return out
 
 
