@@ -28,6 +28,7 @@ from duplex_sidecars.sim.nixl_transport import NixlUnavailable, load_nixl_api
 pytestmark = [pytest.mark.nixl, pytest.mark.timeout(180)]
 
 KV = pr.KV_PARAMS_FIELD
+_STARTUP_S = 90.0  # engines start in seconds, but this machine is shared: a loaded one must not fail the tier
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +41,15 @@ def sims() -> Iterator[dict[str, SimProcess]]:
     procs = {
         # No prefix cache on prefill, so every replay has a D->P read to do.
         "prefill": SimProcess(
-            "prefill", "--no-enable-prefix-caching", "--kv-load-failure-policy", "recompute", corrupt
+            "prefill",
+            "--no-enable-prefix-caching",
+            "--kv-load-failure-policy",
+            "recompute",
+            corrupt,
+            startup_timeout=_STARTUP_S,
         ),
-        "decode": SimProcess("decode", corrupt),
-        "decode_unidirectional": SimProcess("decode", "--no-bidirectional", corrupt),
+        "decode": SimProcess("decode", corrupt, startup_timeout=_STARTUP_S),
+        "decode_unidirectional": SimProcess("decode", "--no-bidirectional", corrupt, startup_timeout=_STARTUP_S),
     }
     try:
         for p in procs.values():

@@ -305,7 +305,7 @@ def _events(raw: bytes) -> list[tuple[str, str]]:
 
 def test_wire_shapes_reserialize_identically_through_vllms_models(vllm):
     wire: list[tuple[str, str]] = []
-    with sim_pair() as (p, d):
+    with sim_pair(startup_timeout=90.0) as (p, d):
         for route, body in (
             (
                 "responses",

@@ -434,10 +434,33 @@ def full_response(response_id: str, model: str, run: Running) -> dict[str, Any]:
     return body
 
 
+# The stream's events, as message_stream_converter dumps them (exclude_unset: only the fields it set).
 def message_start(response_id: str, model: str, prompt_tokens: int) -> bytes:
     message = {"id": response_id, "type": "message", "role": "assistant", "content": [], "model": model,
                "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}  # fmt: skip
     return sse("message_start", {"type": "message_start", "message": message})
+
+
+def block_start() -> bytes:
+    return sse("content_block_start", {"type": "content_block_start", "content_block": {"type": "text", "text": ""},
+                                       "index": 0})  # fmt: skip
+
+
+def block_delta(text: str) -> bytes:
+    return sse("content_block_delta", {"type": "content_block_delta", "delta": {"type": "text_delta", "text": text},
+                                       "index": 0})  # fmt: skip
+
+
+def block_stop() -> bytes:
+    return sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+
+
+def message_end(finish_reason: str, usage: dict[str, int]) -> bytes:
+    """message_delta (the stop reason and the final usage), then message_stop."""
+    delta = {"stop_reason": stop_reason(finish_reason), "stop_sequence": None}
+    return sse("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}) + sse(
+        "message_stop", {"type": "message_stop"}
+    )
 
 
 def stream_error(status: int, message: str) -> bytes:
@@ -501,39 +524,30 @@ class MessagesRoute:
         return json_response(full_response(response_id, self.model, run))
 
     async def _stream(self, request: web.Request, run: Running, response_id: str) -> web.StreamResponse:
-        """message_stream_converter over the chat stream (include_usage, continuous_usage_stats)."""
+        """message_stream_converter over the chat stream (include_usage, continuous_usage_stats): message_start from
+        the role chunk, one text block opened by the first non-empty delta, the end from the usage chunk."""
         resp = await open_stream(request)
         await resp.write(message_start(response_id, self.model, len(run.req.prompt)))
-        started = False
+        text = ""
         try:
             async with aclosing(self.engine.decode(run)) as tokens:
-                i = 0
-                async for tok in tokens:
+                async for i, tok in _enumerate(tokens):
                     delta = gen.chat_delta(i, tok)
-                    i += 1
-                    if not delta:
-                        continue
-                    if not started:
-                        started = True
-                        await resp.write(sse("content_block_start", {"type": "content_block_start",
-                                                                     "content_block": {"type": "text", "text": ""},
-                                                                     "index": 0}))  # fmt: skip
-                    await resp.write(sse("content_block_delta", {"type": "content_block_delta",
-                                                                 "delta": {"type": "text_delta", "text": delta},
-                                                                 "index": 0}))  # fmt: skip
-        except OutOfBlocks as e:
-            if started:
-                await resp.write(sse("content_block_stop", {"type": "content_block_stop", "index": 0}))
-            await resp.write(stream_error(503, str(e)))
+                    if delta:  # the EOS token's empty text emits nothing
+                        await resp.write((b"" if text else block_start()) + block_delta(delta))
+                        text += delta
+        except OutOfBlocks as e:  # a mid-stream failure: the open block is closed, then an error event
+            await resp.write((block_stop() if text else b"") + stream_error(503, str(e)))
             await resp.write_eof()
             return resp
-        if started:
-            await resp.write(sse("content_block_stop", {"type": "content_block_stop", "index": 0}))
         usage = {"input_tokens": len(run.req.prompt), "output_tokens": len(run.output)}
-        await resp.write(sse("message_delta", {"type": "message_delta",
-                                               "delta": {"stop_reason": stop_reason(run.finish_reason),
-                                                         "stop_sequence": None},
-                                               "usage": usage}))  # fmt: skip
-        await resp.write(sse("message_stop", {"type": "message_stop"}))
+        await resp.write((block_stop() if text else b"") + message_end(run.finish_reason, usage))
         await resp.write_eof()
         return resp
+
+
+async def _enumerate(it: Any) -> Any:
+    i = 0
+    async for x in it:
+        yield i, x
+        i += 1

@@ -652,111 +652,86 @@ class ResponsesRoute:
         return json_response(body)
 
     async def _stream(self, request: web.Request, run: Running, out: ResponseBuilder) -> web.StreamResponse:
+        """responses_stream_generator with the simple (non-Harmony) processor: one output message, opened by its
+        first non-empty delta."""
         resp = await open_stream(request)
-        seq = _Sequence()
+        events = _Events(out)
         initial = out.response("in_progress", [], None, None)
-        await resp.write(seq.event("response.created", {"response": initial}))
-        await resp.write(seq.event("response.in_progress", {"response": initial}))
+        await resp.write(
+            events.lifecycle("response.created", initial) + events.lifecycle("response.in_progress", initial)
+        )
         text = ""
-        opened = False
         try:
             async with aclosing(self.engine.decode(run)) as tokens:
                 async for i, tok in _enumerate(tokens):
                     delta = gen.chat_delta(i, tok)
-                    if not delta:  # the EOS token's empty text opens nothing
-                        continue
-                    if not opened:
-                        opened = True
-                        await resp.write(
-                            seq.event(
-                                "response.output_item.added",
-                                {
-                                    "item": {
-                                        "id": out.message_id,
-                                        "content": [],
-                                        "role": "assistant",
-                                        "status": "in_progress",
-                                        "type": "message",
-                                        "phase": None,
-                                    },
-                                    "output_index": 0,
-                                },
-                            )
-                        )
-                        await resp.write(
-                            seq.event(
-                                "response.content_part.added",
-                                {
-                                    "content_index": 0,
-                                    "item_id": out.message_id,
-                                    "output_index": 0,
-                                    "part": out.text_part("", []),
-                                },
-                            )
-                        )
-                    text += delta
-                    await resp.write(
-                        seq.event(
-                            "response.output_text.delta",
-                            {
-                                "content_index": 0,
-                                "delta": delta,
-                                "item_id": out.message_id,
-                                "logprobs": [],
-                                "output_index": 0,
-                            },
-                        )
-                    )
+                    if delta:  # the EOS token's empty text emits nothing
+                        await resp.write((events.opened() if not text else b"") + events.delta(delta))
+                        text += delta
         except OutOfBlocks:
-            cut(request)  # vLLM's stream raises mid-way; uvicorn drops the connection
+            cut(request)  # vLLM's generator raises mid-stream and uvicorn drops the connection
             return resp
         status = status_of(run.finish_reason)
-        output = []
-        if opened:
-            item = out.message(text, status)
-            await resp.write(
-                seq.event(
-                    "response.output_text.done",
-                    {"content_index": 0, "item_id": out.message_id, "logprobs": [], "output_index": 0, "text": text},
-                )
-            )
-            await resp.write(
-                seq.event(
-                    "response.content_part.done",
-                    {"content_index": 0, "item_id": out.message_id, "output_index": 0, "part": item["content"][0]},
-                )
-            )
-            await resp.write(seq.event("response.output_item.done", {"item": item, "output_index": 0}))
-            output = [item]
+        output = [out.message(text, status)] if text else []
+        closing = events.closed(output[0]) if output else b""
         final = out.response(status, output, out.usage(run), run.kv_params_out)
         terminal = "response.incomplete" if status == "incomplete" else "response.completed"
-        await resp.write(seq.event(terminal, {"response": final}))
+        await resp.write(closing + events.lifecycle(terminal, final))
         await resp.write_eof()
-        return resp  # fmt: skip
+        return resp
 
     async def _failed_stream(self, request: web.Request, out: ResponseBuilder) -> web.StreamResponse:
         """A generation error after the stream began: vLLM sends created/in_progress, then its attempt to frame the
-        error as an event fails and the connection drops."""
+        error as an event fails validation and the connection drops."""
         resp = await open_stream(request)
-        seq = _Sequence()
+        events = _Events(out)
         initial = out.response("in_progress", [], None, None)
-        await resp.write(seq.event("response.created", {"response": initial}))
-        await resp.write(seq.event("response.in_progress", {"response": initial}))
+        await resp.write(
+            events.lifecycle("response.created", initial) + events.lifecycle("response.in_progress", initial)
+        )
         cut(request)
         return resp
 
 
-class _Sequence:
-    """Numbers the events of one stream from 0. openai's event models declare their fields alphabetically, and
-    model_dump_json keeps that order."""
+class _Events:
+    """The events of one stream (streaming_events.py's simple content state), numbered from 0. openai's event models
+    declare their fields alphabetically and model_dump_json keeps that order; nested items keep theirs."""
 
-    def __init__(self) -> None:
+    def __init__(self, out: ResponseBuilder):
+        self.out = out
         self.n = 0
 
-    def event(self, kind: str, fields: dict[str, Any]) -> bytes:
+    def _event(self, kind: str, fields: dict[str, Any]) -> bytes:
         data = dict(sorted({**fields, "sequence_number": self.n, "type": kind}.items()))
         self.n += 1
         return sse(kind, data)
+
+    def lifecycle(self, kind: str, response: dict[str, Any]) -> bytes:
+        return self._event(kind, {"response": response})
+
+    def opened(self) -> bytes:
+        """emit_simple_content_open: the message item in progress and its empty text part."""
+        item_id = self.out.message_id
+        item = {"id": item_id, "content": [], "role": "assistant", "status": "in_progress", "type": "message",
+                "phase": None}  # fmt: skip
+        part = self.out.text_part("", [])
+        return self._event("response.output_item.added", {"item": item, "output_index": 0}) + self._event(
+            "response.content_part.added", {"content_index": 0, "item_id": item_id, "output_index": 0, "part": part}
+        )
+
+    def delta(self, text: str) -> bytes:
+        return self._event("response.output_text.delta", {"content_index": 0, "delta": text,
+                                                          "item_id": self.out.message_id, "logprobs": [],
+                                                          "output_index": 0})  # fmt: skip
+
+    def closed(self, item: dict[str, Any]) -> bytes:
+        """emit_simple_content_done: the text, the part and the item, finished."""
+        where = {"content_index": 0, "item_id": item["id"], "output_index": 0}
+        return (
+            self._event("response.output_text.done", {**where, "logprobs": [], "text": item["content"][0]["text"]})
+            + self._event("response.content_part.done", {**where, "part": item["content"][0]})
+            + self._event("response.output_item.done", {"item": item, "output_index": 0})
+        )
 
 
 def _not_found(response_id: str) -> RequestError:
