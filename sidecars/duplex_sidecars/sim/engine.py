@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,7 +203,7 @@ class Engine:
         return Running(req, arrived, block_ids, room, prompt_len, reply, num_cached_tokens=computed,
                        num_cache_creation_tokens=max(0, cacheable - computed))  # fmt: skip
 
-    async def decode(self, run: Running) -> AsyncIterator[int]:
+    async def decode(self, run: Running) -> AsyncGenerator[int, None]:
         """Yield the reply's tokens; on normal completion retain blocks and set `run.kv_params_out`."""
         try:
             for i, tok in enumerate(run.reply.tokens):

@@ -166,7 +166,7 @@ def _thinking(f: Fields) -> dict[str, Any] | None:
             f.fail(("thinking", "enabled", "budget_tokens"), "greater_than_equal",
                    "Input should be greater than or equal to 1024", budget, {"ge": 1024})  # fmt: skip
             return None
-    return thinking
+    return dict(thinking)
 
 
 def _message(f: Fields, loc: tuple[Any, ...], message: Any) -> None:
@@ -350,7 +350,7 @@ def resolved_tools(req: MessagesRequest) -> list[dict[str, Any]] | None:
     if not changes:
         return req.tools
     tools = {t["name"]: t for t in req.tools or []}
-    removed: set[str] = set()
+    removed: set[Any] = set()
     for block in changes:
         change = block["tool"]
         if change["type"] == "tool_definition":
@@ -436,7 +436,7 @@ def full_response(response_id: str, model: str, run: Running) -> dict[str, Any]:
 
 # The stream's events, as message_stream_converter dumps them (exclude_unset: only the fields it set).
 def message_start(response_id: str, model: str, prompt_tokens: int) -> bytes:
-    message = {"id": response_id, "type": "message", "role": "assistant", "content": [], "model": model,
+    message: dict[str, Any] = {"id": response_id, "type": "message", "role": "assistant", "content": [], "model": model,
                "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}  # fmt: skip
     return sse("message_start", {"type": "message_start", "message": message})
 

@@ -206,7 +206,7 @@ def _penalty(f: Fields, name: str) -> float | None:
             "less_than_equal", "less than or equal to 2")  # fmt: skip
         f.fail((name,), bound[0], f"Input should be {bound[1]}", f.raw(name))
         return None
-    return value
+    return float(value) if value is not None else None
 
 
 def _include(f: Fields) -> list[str] | None:
@@ -214,7 +214,7 @@ def _include(f: Fields) -> list[str] | None:
     for n, value in enumerate(values or []):
         if value not in _INCLUDABLE:
             f.fail(("include", n), "literal_error", "Input should be one of the includable values", value)
-    return values
+    return list(values) if values is not None else None
 
 
 def _tools(f: Fields) -> list[dict[str, Any]]:
@@ -712,7 +712,7 @@ class _Events:
     def opened(self) -> bytes:
         """emit_simple_content_open: the message item in progress and its empty text part."""
         item_id = self.out.message_id
-        item = {"id": item_id, "content": [], "role": "assistant", "status": "in_progress", "type": "message",
+        item: dict[str, Any] = {"id": item_id, "content": [], "role": "assistant", "status": "in_progress", "type": "message",
                 "phase": None}  # fmt: skip
         part = self.out.text_part("", [])
         return self._event("response.output_item.added", {"item": item, "output_index": 0}) + self._event(
