@@ -37,7 +37,8 @@ _VENV = Path(os.environ.get("DUPLEX_CACHE") or Path.home() / ".cache" / "duplex"
 # Runs inside the vLLM virtualenv: stdin {"responses": [body], "messages": [body], "wire": [[kind, text]]}.
 _CHECKER = r"""
 import json, sys, types
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
+from vllm.entrypoints.serve.exception_handling.handlers.validation import clean_loc_for_param
 from openai.types.responses import ResponseStreamEvent
 from vllm.entrypoints.openai.responses.protocol import (
     ResponseCompletedEvent, ResponseCreatedEvent, ResponseIncompleteEvent, ResponseInProgressEvent, ResponsesRequest,
@@ -73,6 +74,9 @@ def messages(body):
 def outcome(fn, body):
     try:
         return {"ok": fn(body)}
+    except ValidationError as e:  # FastAPI reports it with the first error's location as the param
+        return {"error": 400, "kind": "ValidationError",
+                "param": clean_loc_for_param(("body", *e.errors(include_url=False)[0]["loc"]))}
     except Exception as e:  # the status vLLM's exception handlers give it (create_error_response)
         client = isinstance(e, (ValueError, TypeError)) or type(e).__name__ == "VLLMValidationError"
         return {"error": 400 if client else 500, "kind": type(e).__name__, "message": str(e)}
@@ -278,7 +282,7 @@ def _outcome(fn: Any, body: dict[str, Any]) -> dict[str, Any]:
     try:
         return {"ok": fn(body)}
     except RequestError as e:
-        return {"error": e.status, "message": e.message}
+        return {"error": e.status, "message": e.message, "param": e.param}
 
 
 def test_conversions_match_vllm(vllm):
@@ -295,6 +299,8 @@ def test_conversions_match_vllm(vllm):
             # vLLM's own validation errors read the same; pydantic's are worded by FastAPI's handler instead.
             if theirs.get("kind") == "VLLMValidationError" and ours.get("message") != theirs["message"]:
                 same = False
+            if theirs.get("kind") == "ValidationError" and ours.get("param") != theirs["param"]:
+                same = False
             if not same:
                 mismatches.append({"route": route, "body": body, "vllm": theirs, "sim": ours})
     assert not mismatches, json.dumps(mismatches, indent=1)[:12000]
@@ -303,7 +309,9 @@ def test_conversions_match_vllm(vllm):
 # -- 2. wire shapes ---------------------------------------------------------------------------------------------
 BODIES = {
     "responses": {"input": "Tell me about the sea.", "max_output_tokens": 12, "instructions": "Be brief.",
-                  "tools": [FN], "metadata": {"k": "v"}, "reasoning": {"effort": "low"}, "temperature": 0.5},
+                  "tools": [FN], "tool_choice": {"type": "function", "name": "get_weather"}, "metadata": {"k": "v"},
+                  "reasoning": {"effort": "low"}, "temperature": 0.5, "text": {"format": {"type": "text"}},
+                  "prompt_cache_options": {"prewarm": True}, "user": "u", "include": ["message.output_text.logprobs"]},
     "messages": {"model": "sim", "max_tokens": 12, "system": "Be brief.",
                  "messages": [{"role": "user", "content": "Tell me about the sea."}]},
 }  # fmt: skip

@@ -55,6 +55,7 @@ from duplex_sidecars.sim.validation import (
 )
 
 _ROLES = ("user", "assistant", "system")
+_TOOL_CHANGES = ("tool_addition", "tool_removal")
 _BLOCK_TYPES = ("text", "image", "tool_use", "tool_result", "tool_reference", "thinking", "redacted_thinking",
                 "tool_addition", "tool_removal")  # fmt: skip
 # AnthropicContentBlock's typed fields (str | None unless listed).
@@ -92,26 +93,35 @@ class MessagesRequest:
 
 def parse_request(body: dict[str, Any]) -> MessagesRequest:
     """AnthropicMessagesRequest's validation (a plain BaseModel: unknown fields are ignored)."""
+    # Fields in AnthropicMessagesRequest's order, which is the order pydantic reports their errors in.
     f = Fields(body)
     model = f.string("model", nullable=False) if f.required("model") else None
     if model == "":
         f.fail(("model",), "value_error", "Value error, Model is required", model,
                {"error": ValueError("Model is required")})  # fmt: skip
+    messages = f.array("messages", nullable=False) if f.required("messages") else None
+    for n, message in enumerate(messages or []):
+        _message(f, ("messages", n), message)
     max_tokens = f.integer("max_tokens", nullable=False) if f.required("max_tokens") else None
     if max_tokens is not None and max_tokens <= 0:
         f.fail(("max_tokens",), "value_error", "Value error, max_tokens must be positive", max_tokens,
                {"error": ValueError("max_tokens must be positive")})  # fmt: skip
-    messages = f.array("messages", nullable=False) if f.required("messages") else None
-    for n, message in enumerate(messages or []):
-        _message(f, ("messages", n), message)
+    f.mapping("metadata")
+    f.mapping("output_config")
+    thinking = _thinking(f)
+    stops = f.array("stop_sequences")
+    for n, stop in enumerate(stops or []):
+        if not isinstance(stop, str):
+            f.fail(("stop_sequences", n), "string_type", "Input should be a valid string", stop)
+    stream = bool(f.boolean("stream", False))
     system = body.get("system")
     if isinstance(system, list):
-        _blocks(f, ("system",), system, "system")
+        since = len(f.errors)
+        _blocks(f, ("system",), system)
+        f.string_branch_failed(since, ("system",), system)
     elif system is not None and not isinstance(system, str):
         f.fail(("system",), "string_type", "Input should be a valid string", system)
-    tools = f.array("tools")
-    for n, tool in enumerate(tools or []):
-        _tool(f, ("tools", n), tool)
+    f.number("temperature")
     tool_choice = f.mapping("tool_choice")
     if tool_choice is not None:
         if tool_choice.get("type") not in ("auto", "any", "tool", "none"):
@@ -120,18 +130,14 @@ def parse_request(body: dict[str, Any]) -> MessagesRequest:
         elif tool_choice["type"] == "tool" and not tool_choice.get("name"):
             f.fail(("tool_choice",), "value_error", "Value error, tool_choice.name is required when type is 'tool'",
                    tool_choice, {"error": ValueError("tool_choice.name is required when type is 'tool'")})  # fmt: skip
-    stream = bool(f.boolean("stream", False))
-    params = f.mapping(KV_PARAMS_FIELD)
-    stops = f.array("stop_sequences")
-    for n, stop in enumerate(stops or []):
-        if not isinstance(stop, str):
-            f.fail(("stop_sequences", n), "string_type", "Input should be a valid string", stop)
-    for name in ("temperature", "top_p"):
-        f.number(name)
+    tools = f.array("tools")
+    for n, tool in enumerate(tools or []):
+        _tool(f, ("tools", n), tool)
     f.integer("top_k")
-    for name in ("metadata", "output_config", "chat_template_kwargs", "vllm_xargs"):
-        f.mapping(name)
-    thinking = _thinking(f)
+    f.number("top_p")
+    params = f.mapping(KV_PARAMS_FIELD)
+    f.mapping("vllm_xargs")
+    f.mapping("chat_template_kwargs")
     f.check()
     # The after-validator: prefill legs (do_remote_decode) are sent with max_tokens=1 and never decode.
     if not (params and params.get("do_remote_decode")) and thinking is not None and thinking.get("type") == "enabled":
@@ -182,12 +188,18 @@ def _message(f: Fields, loc: tuple[Any, ...], message: Any) -> None:
     if "content" not in message:
         f.fail((*loc, "content"), "missing", "Field required", message)
     elif isinstance(content, list):
-        _blocks(f, (*loc, "content"), content, role)
+        since = len(f.errors)
+        _blocks(f, (*loc, "content"), content)
+        f.string_branch_failed(since, (*loc, "content"), content)
+        changes = [b.get("type") for b in content if isinstance(b, dict) and b.get("type") in _TOOL_CHANGES]
+        if changes and role != "system" and len(f.errors) == since:  # the message's after-validator
+            f.fail(loc, "value_error", f'Value error, {changes[0]} blocks are only allowed in messages with role '
+                   '"system"', message)  # fmt: skip
     elif not isinstance(content, str):
         f.fail((*loc, "content"), "string_type", "Input should be a valid string", content)
 
 
-def _blocks(f: Fields, loc: tuple[Any, ...], blocks: list[Any], role: Any) -> None:
+def _blocks(f: Fields, loc: tuple[Any, ...], blocks: list[Any]) -> None:
     for n, block in enumerate(blocks):
         where = (*loc, n)
         if not isinstance(block, dict):
@@ -211,15 +223,12 @@ def _blocks(f: Fields, loc: tuple[Any, ...], blocks: list[Any], role: Any) -> No
             and not (isinstance(inner, list) and all(isinstance(i, dict) for i in inner))
         ):
             f.fail((*where, "content"), "string_type", "Input should be a valid string", inner)
-        if kind in ("tool_addition", "tool_removal"):
+        if kind in _TOOL_CHANGES:
             tool = block.get("tool")
             if not isinstance(tool, dict) or tool.get("type") not in ("tool_reference", "tool_definition"):
                 f.fail(where, "value_error", f"Value error, tool is required for {kind} blocks", block)
             elif kind == "tool_removal" and tool["type"] != "tool_reference":
                 f.fail(where, "value_error", "Value error, tool_removal only accepts a tool_reference", block)
-            elif role != "system":
-                f.fail(loc[:-1] if role is not None else loc, "value_error",
-                       f'Value error, {kind} blocks are only allowed in messages with role "system"', block)  # fmt: skip
 
 
 def _tool(f: Fields, loc: tuple[Any, ...], tool: Any) -> None:

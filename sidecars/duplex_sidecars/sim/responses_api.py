@@ -116,11 +116,8 @@ def parse_request(body: dict[str, Any]) -> ResponsesRequest:
     VLLMValidationError past pydantic; then field errors are reported together."""
     _check_tool_usage(body)
     for tool in body.get("tools") or []:
-        if (
-            isinstance(tool, dict)
-            and tool.get("type") == "custom"
-            and (tool.get("format") or {}).get("type") == ("grammar")
-        ):
+        grammar = isinstance(tool, dict) and isinstance(tool.get("format"), dict) and tool["format"].get("type")
+        if isinstance(tool, dict) and tool.get("type") == "custom" and grammar == "grammar":
             raise invalid("Custom tools with a grammar format are not supported; only free-form text custom tools "
                           "are accepted.", "tools")  # fmt: skip
     if body.get("prompt") is not None:
@@ -128,55 +125,65 @@ def parse_request(body: dict[str, Any]) -> ResponsesRequest:
     if body.get("background") and not body.get("store", True):
         raise invalid("background can only be used when `store` is true", "background")
 
+    # Fields in ResponsesRequest's order, which is the order pydantic reports their errors in.
     f = Fields(body)
+    background = bool(f.boolean("background", False))
+    include = _include(f)
     items: str | list[Item] = ""
     if f.required("input"):
         value = body["input"]
         if isinstance(value, str):
             items = value
         elif isinstance(value, list):
+            since = len(f.errors)
             items = [i for i in (_item(f, n, v) for n, v in enumerate(value)) if i is not None]
+            f.string_branch_failed(since, ("input",), value)
         else:
             f.fail(("input",), "string_type", "Input should be a valid string", value)
             f.fail(("input",), "list_type", "Input should be a valid list", value)
-    req = ResponsesRequest(
-        body=body,
-        input=items,
-        request_id=f.string("request_id", None, nullable=False) if "request_id" in body else f"resp_{random_uuid()}",
-        instructions=f.string("instructions"),
-        max_output_tokens=f.integer("max_output_tokens"),
-        model=f.string("model"),
-        stream=bool(f.boolean("stream", False)),
-        store=bool(f.boolean("store", True)),
-        background=bool(f.boolean("background", False)),
-        previous_response_id=f.string("previous_response_id"),
-        previous_input_messages=f.array("previous_input_messages"),
-        tools=_tools(f),
-        tool_choice=body.get("tool_choice", "auto"),
-        temperature=f.number("temperature"),
-        top_p=f.number("top_p"),
-        top_logprobs=f.integer("top_logprobs", 0, nullable=False) or 0,
-        include=_include(f),
-        ignore_eos=bool(f.boolean("ignore_eos", False, nullable=False)),
-        kv_transfer_params=f.mapping(KV_PARAMS_FIELD),
-        parallel_tool_calls=f.boolean("parallel_tool_calls", True) is not False,
-        presence_penalty=_penalty(f, "presence_penalty"),
-        frequency_penalty=_penalty(f, "frequency_penalty"),
-    )
-    for name in ("metadata", "reasoning", "text", "chat_template_kwargs", "prompt_cache_options"):
-        f.mapping(name)
-    for name in ("user", "prompt_cache_key", "safety_identifier"):
-        f.string(name)
+    instructions = f.string("instructions")
+    max_output_tokens = f.integer("max_output_tokens")
+    f.integer("max_tool_calls")
+    f.mapping("metadata")
+    model = f.string("model")
+    parallel_tool_calls = f.boolean("parallel_tool_calls", True) is not False
+    previous_response_id = f.string("previous_response_id")
+    f.mapping("reasoning")
     f.literal("service_tier", ("auto", "default", "flex", "scale", "priority"), "auto", nullable=False)
+    store = bool(f.boolean("store", True))
+    stream = bool(f.boolean("stream", False))
+    temperature = f.number("temperature")
+    f.mapping("text")
+    tools = _tools(f)
+    top_logprobs = f.integer("top_logprobs", 0, nullable=False) or 0
+    top_p = f.number("top_p")
     f.literal("truncation", ("auto", "disabled"), "disabled")
-    if body.get("prompt_cache_retention") != "in-memory":
+    f.string("user")
+    presence_penalty, frequency_penalty = _penalty(f, "presence_penalty"), _penalty(f, "frequency_penalty")
+    f.string("prompt_cache_key")
+    f.mapping("prompt_cache_options")
+    if body.get("prompt_cache_retention") != "in-memory":  # the spelling of older SDKs, normalized
         f.literal("prompt_cache_retention", ("in_memory", "24h"))
+    f.string("safety_identifier")
+    request_id = f.string("request_id", None, nullable=False) if "request_id" in body else f"resp_{random_uuid()}"
     if "cache_salt" in body:
         salt = f.string("cache_salt")
         if salt is not None and not 1 <= len(salt) <= 1024:
             f.fail(("cache_salt",), "string_too_short" if not salt else "string_too_long",
                    "String should have at least 1 character" if not salt else
                    "String should have at most 1024 characters", salt)  # fmt: skip
+    previous_input_messages = f.array("previous_input_messages")
+    ignore_eos = bool(f.boolean("ignore_eos", False, nullable=False))
+    params = f.mapping(KV_PARAMS_FIELD)
+    f.mapping("chat_template_kwargs")
+    req = ResponsesRequest(
+        body=body, input=items, request_id=request_id, instructions=instructions,
+        max_output_tokens=max_output_tokens, model=model, stream=stream, store=store, background=background,
+        previous_response_id=previous_response_id, previous_input_messages=previous_input_messages, tools=tools,
+        tool_choice=body.get("tool_choice", "auto"), temperature=temperature, top_p=top_p, top_logprobs=top_logprobs,
+        include=include, ignore_eos=ignore_eos, kv_transfer_params=params, parallel_tool_calls=parallel_tool_calls,
+        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+    )  # fmt: skip
     f.check()
     return req
 
@@ -454,12 +461,11 @@ def continues_final_message(items: str | list[Item]) -> bool:
     instead of starting a new turn."""
     if isinstance(items, str) or not items:
         return False
-    last = items[-1]
-    if last.kind in ("output_message", "reasoning"):
-        return last.data.get("status") in ("in_progress", "incomplete")
-    if last.kind == "message":
-        return last.data.get("status") in ("in_progress", "incomplete")
-    return False
+    last = items[-1]  # any message counts, a user's too: vLLM looks at the status only
+    return last.kind in ("output_message", "reasoning", "message") and last.data.get("status") in (
+        "in_progress",
+        "incomplete",
+    )
 
 
 def render_prompt(req: ResponsesRequest, max_model_len: int) -> list[int]:
@@ -505,7 +511,7 @@ class ResponseBuilder:
             "output": output,
             "parallel_tool_calls": req.parallel_tool_calls,
             "temperature": temperature,
-            "tool_choice": body.get("tool_choice", "auto"),
+            "tool_choice": _echo_tool_choice(body.get("tool_choice", "auto")),
             "tools": [_echo_tool(t) for t in req.tools],
             "top_p": top_p,
             "background": req.background,
@@ -562,6 +568,11 @@ class ResponseBuilder:
 
 def _echo_tool(tool: dict[str, Any]) -> dict[str, Any]:
     return {k: tool.get(k) for k in _FUNCTION_TOOL_FIELDS}
+
+
+def _echo_tool_choice(value: Any) -> Any:
+    """A named choice is one of openai's ToolChoice models, whose fields are declared alphabetically."""
+    return dict(sorted(value.items())) if isinstance(value, dict) else value
 
 
 def _echo_reasoning(value: Any) -> Any:

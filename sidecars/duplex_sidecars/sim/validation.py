@@ -137,6 +137,14 @@ class Fields:
     def fail(self, loc: tuple[str | int, ...], type_: str, msg: str, value: Any, ctx: Any = None) -> None:
         self.errors.append(FieldError(type_, ("body", *loc), msg, value, ctx))
 
+    def string_branch_failed(self, since: int, loc: tuple[str | int, ...], value: Any) -> None:
+        """For a `str | list[...]` field whose list failed after error number `since`: pydantic tries the string
+        first, so its error comes first (and gives the 400 its param)."""
+        if len(self.errors) > since:
+            self.errors.insert(
+                since, FieldError("string_type", ("body", *loc), "Input should be a valid string", value)
+            )
+
     def check(self) -> None:
         if self.errors:
             raise validation_failed(self.errors)

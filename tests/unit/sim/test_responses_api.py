@@ -114,10 +114,11 @@ def test_function_tools_become_chat_tools():
         ({"input": 5}, 400, "Bad Request", "body.input"),
         ({"input": "x", "max_output_tokens": 1.5}, 400, "Bad Request", "body.max_output_tokens"),
         ({"input": "x", KV: [1]}, 400, "Bad Request", "body.kv_transfer_params"),
-        ({"input": [{"role": "user"}]}, 400, "Bad Request", "body.input.0.content"),
+        # a bad item fails the list branch of `str | list`: pydantic reports the string branch first
+        ({"input": [{"role": "user"}]}, 400, "Bad Request", "body.input"),
         ({"input": [{"role": "assistant", "content": [{"type": "output_text", "text": "x"}]}]}, 400, "Bad Request",
-         "body.input.0.content.0"),
-        ({"input": [{"type": "reasoning", "content": []}]}, 400, "Bad Request", "body.input.0.summary"),
+         "body.input"),
+        ({"input": [{"type": "reasoning", "content": []}]}, 400, "Bad Request", "body.input"),
         ({"input": "x", "prompt": {"id": "p"}}, 400, "BadRequestError", "prompt"),
         ({"input": "x", "background": True, "store": False}, 400, "BadRequestError", "background"),
         ({"input": "x", "tool_choice": "required"}, 400, "BadRequestError", "tool_choice"),
@@ -237,7 +238,7 @@ async def test_nothing_is_stored():
         ({"input": "x", "max_output_tokens": 0}, 400, "max_tokens"),
         ({"input": "word " * 2000}, 400, "input_tokens"),
         ({"input": "word " * 1995}, 400, "input"),  # 1995 words + 5 template tokens: the context, full
-        ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, 400, "body.input.0.content.0.text"),
+        ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, 400, "body.input"),
     ],
 )  # fmt: skip
 async def test_engine_level_refusals(body, status, param):
