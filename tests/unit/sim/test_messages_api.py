@@ -7,8 +7,11 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from duplex_sidecars import protocol as pr
+from duplex_sidecars.sim import generation
 from duplex_sidecars.sim import messages_api as api
 from duplex_sidecars.sim.chat_parse import parse_messages
 from duplex_sidecars.sim.chat_template import render_conversation
@@ -205,3 +208,31 @@ async def test_a_failed_remote_load_is_an_api_error_in_both_modes():
         resp = await client.post("/v1/messages", json={**body, "stream": True})
         events = sse_events(await resp.read())
     assert resp.status == 200 and [name for name, _ in events] == ["message_start", "error"]
+
+
+# -- the follow-up turn's prompt starts with what decode computed -------------------------------------------------
+_words = st.lists(st.sampled_from(["sail", "reef", "wind", "knot", "mast", "?", "!", "Ahoy,"]), min_size=1, max_size=8)
+
+
+@settings(max_examples=80)
+@given(system=st.one_of(st.none(), _words), question=_words, follow=_words, cap=st.integers(1, 70),
+       as_blocks=st.booleans())  # fmt: skip
+def test_the_follow_up_prompt_starts_with_decodes_tokens(system, question, follow, cap, as_blocks):
+    """Previous messages + the assistant message with the content blocks as returned (or their text) + a new user
+    message renders a prompt that starts with the previous prompt and the reply tokens decode has KV for."""
+    body: dict[str, Any] = {
+        "model": "sim",
+        "max_tokens": cap,
+        "messages": [{"role": "user", "content": " ".join(question)}],
+    }
+    if system:
+        body["system"] = [{"type": "text", "text": " ".join(system)}]
+    prompt = api.render_prompt(api.to_chat_request(api.parse_request(json.loads(json.dumps(body)))))
+    reply = generation.reply(prompt, cap)
+    text = generation.chat_text(reply.tokens)
+    content = [{"type": "text", "text": text}] if as_blocks else text
+    follow_up = {**body, "messages": body["messages"] + [{"role": "assistant", "content": content},
+                                                          {"role": "user", "content": " ".join(follow)}]}  # fmt: skip
+    next_prompt = api.render_prompt(api.to_chat_request(api.parse_request(follow_up)))
+    computed = prompt + list(reply.tokens[:-1])  # the last sampled token has no KV yet
+    assert next_prompt[: len(computed)] == computed

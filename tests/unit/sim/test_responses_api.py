@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from duplex_sidecars import protocol as pr
 from duplex_sidecars.sim import generation
@@ -259,3 +261,30 @@ async def test_a_failed_remote_load_is_an_internal_error_then_a_dropped_stream()
         assert resp.status == 200
         with pytest.raises(Exception):  # noqa: B017 - aiohttp reports the cut as one of several errors
             await resp.read()
+
+
+# -- the follow-up turn's prompt starts with what decode computed -------------------------------------------------
+_words = st.lists(st.sampled_from(["sail", "reef", "wind", "knot", "mast", "?", "!", "Ahoy,"]), min_size=1, max_size=8)
+
+
+@settings(max_examples=80)
+@given(instructions=st.one_of(st.none(), _words), question=_words, follow=_words, cap=st.one_of(st.none(), st.integers(1, 70)),
+       continue_reply=st.booleans())  # fmt: skip
+def test_the_follow_up_prompt_starts_with_decodes_tokens(instructions, question, follow, cap, continue_reply):
+    """Previous input + the output item as returned (+ a new user message) renders a prompt that starts with the
+    previous prompt and the reply tokens decode has KV for; resending an incomplete reply alone continues it."""
+    body = {"input": [{"role": "user", "content": " ".join(question)}], "max_output_tokens": cap}
+    if instructions:
+        body["instructions"] = " ".join(instructions)
+    prompt = api.render_prompt(api.parse_request(json.loads(json.dumps(body))), 10_000)
+    reply = generation.reply(prompt, cap)
+    status = api.status_of(reply.finish_reason)
+    out = api.ResponseBuilder(api.parse_request(dict(body)), "sim", cap or 100)
+    item = out.message(generation.chat_text(reply.tokens), status)
+    tail = [] if continue_reply and status == "incomplete" else [{"role": "user", "content": " ".join(follow)}]
+    follow_up = {**body, "input": body["input"] + [item] + tail}
+    next_prompt = api.render_prompt(api.parse_request(json.loads(json.dumps(follow_up))), 10_000)
+    computed = prompt + list(reply.tokens[:-1])  # the last sampled token has no KV yet
+    assert next_prompt[: len(computed)] == computed
+    if not tail:  # continue_final_message: the prompt is exactly prompt + reply, left open
+        assert next_prompt == prompt + list(reply.tokens)
