@@ -117,10 +117,12 @@ def _tag() -> str:
 
 
 # -- /v1/responses ------------------------------------------------------------------------------------------------
+# Responses has no max_tokens field (vLLM keeps unknown fields unused): a prefill leg caps max_output_tokens.
+RESPONSES_LEGS = pr.LegShape(max_tokens=("max_output_tokens",))
+
+
 def responses_prefill(p: SimProcess, body: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    # Responses has no max_tokens field (vLLM ignores it): the prefill leg caps max_output_tokens.
-    leg = {**body, "stream": False, "max_output_tokens": 1, KV: params}
-    status, out = post(p, "/v1/responses", leg)
+    status, out = post(p, "/v1/responses", pr.prefill_leg_body(body, params, RESPONSES_LEGS))
     assert status == 200, out
     assert out["status"] == "incomplete" and out["usage"]["output_tokens"] == 1
     return out

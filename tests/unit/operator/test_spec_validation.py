@@ -359,8 +359,7 @@ def test_redis_with_one_source_accepted(redis: dict[str, Any]) -> None:
 def test_conversation_keyed_by_id_needs_body_field_or_header() -> None:
     body = spec_dict({"router": {"conversation": {"keying": "id", "bodyField": "", "header": ""}}})
     assert errors_of(body) == [
-        "spec.router.conversation: router.conversation.keying id needs bodyField or header to read the "
-        "conversation id"
+        "spec.router.conversation: router.conversation.keying id needs bodyField or header to read the conversation id"
     ]
     # Keyed by history (or both, the default), a conversation needs no id at all.
     for keying in ("history", "both"):
