@@ -66,7 +66,7 @@ def _message_tokens(message: Any) -> list[int]:
         out += [_NAME] + tokenize(str(message["name"]))
     if message.get("tool_call_id"):
         out += [_TOOL_CALL_ID] + tokenize(str(message["tool_call_id"]))
-    if message.get("tools"):
+    if message["role"] == "developer" and message.get("tools"):  # tools announced mid-conversation
         out += [_TOOLS] + tokenize(json.dumps(message["tools"], sort_keys=True))
     # Like the thinking-aware templates, an assistant turn's reasoning goes before its answer.
     if message["role"] == "assistant" and isinstance(message.get("reasoning"), str):
