@@ -15,6 +15,7 @@ _NAME = SPECIAL_TOKENS["<|name|>"]
 _TOOL_CALL = SPECIAL_TOKENS["<|tool_call|>"]
 _TOOL_CALL_ID = SPECIAL_TOKENS["<|tool_call_id|>"]
 _TOOLS = SPECIAL_TOKENS["<|tools|>"]
+_REASONING = SPECIAL_TOKENS["<|reasoning|>"]
 
 
 class TemplateError(ValueError):
@@ -56,8 +57,8 @@ def assistant_header() -> list[int]:
     return [IM_START, token_id("assistant")]
 
 
-def render_message(message: Any) -> list[int]:
-    """Tokens of one message, from its header to its end-of-turn token."""
+def _message_tokens(message: Any) -> list[int]:
+    """Tokens of one message from its header through its content (what `continue_final_message` continues)."""
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise TemplateError("each message must be an object with a string 'role'")
     out = [IM_START, token_id(message["role"])]
@@ -65,21 +66,40 @@ def render_message(message: Any) -> list[int]:
         out += [_NAME] + tokenize(str(message["name"]))
     if message.get("tool_call_id"):
         out += [_TOOL_CALL_ID] + tokenize(str(message["tool_call_id"]))
-    out += _content_tokens(message.get("content"))
+    if message["role"] == "developer" and message.get("tools"):  # tools announced mid-conversation
+        out += [_TOOLS] + tokenize(json.dumps(message["tools"], sort_keys=True))
+    # Like the thinking-aware templates, an assistant turn's reasoning goes before its answer.
+    if message["role"] == "assistant" and isinstance(message.get("reasoning"), str):
+        out += [_REASONING] + tokenize(message["reasoning"])
+    return out + _content_tokens(message.get("content"))
+
+
+def render_message(message: Any) -> list[int]:
+    """Tokens of one message, from its header to its end-of-turn token."""
+    out = _message_tokens(message)
     for call in message.get("tool_calls") or []:
         out += _tool_call_tokens(call)
     return out + [IM_END]
+
+
+def render_conversation(
+    messages: list[Any], tools: Any = None, add_generation_prompt: bool = True, continue_final_message: bool = False
+) -> list[int]:
+    """The prompt of a conversation (possibly empty), as vLLM's renderer asks a template for it: the tools, every
+    message, then the generation prompt, or with `continue_final_message` the last message left open."""
+    out: list[int] = []
+    if tools:
+        out += [IM_START, _TOOLS] + tokenize(json.dumps(tools, sort_keys=True)) + [IM_END]
+    last = len(messages) - 1
+    for i, message in enumerate(messages):
+        out += _message_tokens(message) if continue_final_message and i == last else render_message(message)
+    if add_generation_prompt:
+        out += assistant_header()
+    return out
 
 
 def render_chat(messages: Any, tools: Any = None, add_generation_prompt: bool = True) -> list[int]:
     """The prompt tokens of a chat request."""
     if not isinstance(messages, list) or not messages:
         raise TemplateError("'messages' must be a non-empty list")
-    out: list[int] = []
-    if tools:
-        out += [IM_START, _TOOLS] + tokenize(json.dumps(tools, sort_keys=True)) + [IM_END]
-    for message in messages:
-        out += render_message(message)
-    if add_generation_prompt:
-        out += assistant_header()
-    return out
+    return render_conversation(messages, tools, add_generation_prompt)

@@ -18,9 +18,10 @@ from duplex_sidecars.sim.cost import CostModel
 log = logging.getLogger("duplex.sim")
 
 _DESCRIPTION = """\
-A CPU-only stand-in for a vLLM engine with NixlConnector and bidirectional KV transfer. It speaks vLLM's OpenAI
-API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics) and kv_transfer_params, keeps KV blocks
-in a DRAM buffer registered with NIXL, READs remote blocks over NIXL (UCX) and verifies every block it reads.
+A CPU-only stand-in for a vLLM engine with NixlConnector and bidirectional KV transfer. It speaks vLLM's API
+(/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /v1/models, /health, /metrics) and
+kv_transfer_params, keeps KV blocks in a DRAM buffer registered with NIXL, READs remote blocks over NIXL (UCX) and
+verifies every block it reads.
 Like vLLM, what a request does follows its kv_transfer_params (do_remote_decode = prefill leg, otherwise decode
 leg); --role only names the engine. Cost-model delays default to 0 so tests run at full speed."""
 

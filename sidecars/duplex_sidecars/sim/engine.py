@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +75,10 @@ class Running:
     output: list[int] = field(default_factory=list)
     kv_params_out: dict[str, Any] | None = None
     finished: bool = False
+    # vLLM's prefill stats: prompt tokens not computed here (local cache hits + remote KV), and prompt tokens this
+    # request newly wrote to the prefix cache.
+    num_cached_tokens: int = 0
+    num_cache_creation_tokens: int = 0
 
     @property
     def finish_reason(self) -> str:
@@ -195,9 +199,11 @@ class Engine:
         reply = generation.reply(req.prompt, req.max_tokens, req.min_tokens, req.ignore_eos)
         room = np.zeros((prompt_len + len(reply.tokens), chain.shape[1]), dtype=chain.dtype)
         room[:prompt_len] = chain
-        return Running(req, arrived, block_ids, room, prompt_len, reply)
+        cacheable = prompt_len // bs * bs if self.cfg.enable_prefix_caching else 0
+        return Running(req, arrived, block_ids, room, prompt_len, reply, num_cached_tokens=computed,
+                       num_cache_creation_tokens=max(0, cacheable - computed))  # fmt: skip
 
-    async def decode(self, run: Running) -> AsyncIterator[int]:
+    async def decode(self, run: Running) -> AsyncGenerator[int, None]:
         """Yield the reply's tokens; on normal completion retain blocks and set `run.kv_params_out`."""
         try:
             for i, tok in enumerate(run.reply.tokens):
@@ -242,6 +248,8 @@ class Engine:
             # P keeps the prompt blocks until decode has read them (or the lease runs out).
             self.retained.retain(run.req.request_id, run.block_ids, run.num_kv_tokens, now + cfg.kv_lease_duration)
             run.kv_params_out = self._params_out(run, is_p_node=True, expiry=None)
+            # vLLM's scheduler adds P's cache hits, which decode reports as its own cached prompt tokens.
+            run.kv_params_out["remote_prefill_cached_tokens"] = run.num_cached_tokens
         elif params is not None and cfg.bidirectional:
             deadline = now + cfg.decoder_kv_blocks_ttl
             self.retained.retain(run.req.request_id, run.block_ids, run.num_kv_tokens, deadline)

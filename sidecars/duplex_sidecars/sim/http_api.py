@@ -21,6 +21,8 @@ from duplex_sidecars.sim import generation
 from duplex_sidecars.sim.chat_template import TemplateError, render_chat
 from duplex_sidecars.sim.engine import CorruptKV, Engine, GenerationRequest, KVLoadFailed, Running
 from duplex_sidecars.sim.kv_blocks import OutOfBlocks
+from duplex_sidecars.sim.messages_api import MessagesRoute
+from duplex_sidecars.sim.responses_api import ResponsesRoute
 from duplex_sidecars.sim.tokenizer import tokenize
 
 VLLM_VERSION = "0.33.0+duplex.sim"
@@ -90,6 +92,8 @@ class OpenAIApi:
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/version", self.version)
+        ResponsesRoute(self.engine).add_to(app)  # /v1/responses: responses_api.py
+        MessagesRoute(self.engine).add_to(app)  # /v1/messages: messages_api.py
         return app
 
     # -- plain routes -----------------------------------------------------------------------------------------

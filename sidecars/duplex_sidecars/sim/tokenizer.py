@@ -19,6 +19,7 @@ SPECIAL_TOKENS: dict[str, int] = {
     "<|tool_call_id|>": 5,
     "<|tools|>": 6,
     "<|content|>": 7,
+    "<|reasoning|>": 8,
 }
 IM_START = SPECIAL_TOKENS["<|im_start|>"]
 IM_END = SPECIAL_TOKENS["<|im_end|>"]
