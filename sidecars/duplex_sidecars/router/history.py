@@ -201,6 +201,8 @@ class Reply:
     finish_reason: str | None = None
     stop_reason: Any = None
     choices: int = 1
+    # The reply as the next request will resend it, in its API's comparable form (APIs other than OpenAI chat).
+    message: dict[str, Any] | None = None
 
 
 class History:
@@ -230,23 +232,29 @@ class History:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 return None
-            encoded = []
-            boundary = 0
-            for i, message in enumerate(messages):
-                normalized = normalize_message(message)
-                if normalized is None or not _content_is_stable(normalized.get("content")):
-                    return None
-                try:
-                    encoded.append(canonical(normalized))
-                except (TypeError, ValueError):
-                    return None
-                if normalized.get("role") == "assistant":
-                    boundary = i + 1
-            return cls("messages", messages=encoded, turn_boundary=boundary)
+            normalized = [normalize_message(m) for m in messages]
+            if any(m is None or not _content_is_stable(m.get("content")) for m in normalized):
+                return None
+            return cls.of_messages(normalized)  # type: ignore[arg-type]
         prompt = body.get("prompt")
         if isinstance(prompt, str) and prompt:
             return cls("text", text=prompt)
         return None
+
+    @classmethod
+    def of_messages(cls, messages: list[dict[str, Any]]) -> History | None:
+        """The history of messages already in their comparable form (each API normalizes its own); the turn boundary
+        follows the last assistant message. None when one cannot be written exactly."""
+        encoded = []
+        boundary = 0
+        for i, message in enumerate(messages):
+            try:
+                encoded.append(canonical(message))
+            except (TypeError, ValueError):
+                return None
+            if message.get("role") == "assistant":
+                boundary = i + 1
+        return cls("messages", messages=encoded, turn_boundary=boundary)
 
     def __len__(self) -> int:
         return len(self._messages) if self.kind == "messages" else len(self._text)
@@ -263,14 +271,20 @@ class History:
         return covered.kind == self.kind and self.prefix_digest(covered.length) == covered.digest
 
     def covered_with(self, reply: Reply) -> Covered:
-        """The history decode's retained blocks cover after generating `reply` for this request."""
+        """The history decode's retained blocks cover after generating `reply` for this request (an OpenAI chat or
+        completions request)."""
         if self.kind == "text":
             text = self._text + (reply.content or "")
             return Covered("text", _text_digest(text), len(text))
         assistant: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if reply.tool_calls:
             assistant["tool_calls"] = list(reply.tool_calls)
-        generated = canonical(normalize_message(assistant))
+        return self.covered_with_message(normalize_message(assistant) or {})
+
+    def covered_with_message(self, message: dict[str, Any]) -> Covered:
+        """The history covered after this request's messages and `message` (the reply, in the comparable form the
+        next request will resend it in)."""
+        generated = canonical(message)
         h = self._hash_of_first(len(self._messages)).copy()
         _add_message(h, generated)
         return Covered("messages", h.hexdigest(), len(self._messages) + 1)

@@ -106,7 +106,7 @@ def after_decode(turn: Turn, decode_url: str, kv_params: Any, reply: Reply) -> C
     that cannot be replayed leaves a tombstone saying why, so that the next turn's miss names the cause."""
     if turn.keying is None:
         return Capture("not_stored")
-    covered = turn.history.covered_with(reply) if turn.history is not None else None
+    covered = turn.api.covered(turn.history, reply) if turn.history is not None else None
     key = turn.store_key(covered)
     if key is None:
         return Capture("not_stored", why="no key for this history")

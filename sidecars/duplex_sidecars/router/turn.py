@@ -124,7 +124,8 @@ def parse_turn(request: Exchange, raw: bytes, conversation: ConversationConfig, 
         raise ModelNotFound(model)
     check_fields(api.checks, body, _bad_request)
     conversation_id = conversation_of(request, body, conversation)
-    tenant = tenant_of(_single_header(request, conversation.tenant_header))
+    credentials = [_single_header(request, name) for name in (conversation.tenant_header, *api.tenant_headers)]
+    tenant = tenant_of("\0".join(c or "" for c in credentials) if any(credentials) else None)
     sessions = [_single_header(request, name) or "" for name in conversation.session_headers]
     # Only the router decides what an engine reads or retains; a client must never steer it.
     body.pop(KV_PARAMS_FIELD, None)

@@ -7,7 +7,7 @@ Add an API by writing one module with its `Api` and listing it in `APIS`.
 
 from __future__ import annotations
 
-from duplex_sidecars.router.apis import openai
+from duplex_sidecars.router.apis import anthropic, openai, responses
 from duplex_sidecars.router.apis.api import Api
 
-APIS: dict[str, Api] = {api.path: api for api in (openai.CHAT, openai.COMPLETIONS)}
+APIS: dict[str, Api] = {api.path: api for api in (openai.CHAT, openai.COMPLETIONS, responses.API, anthropic.API)}

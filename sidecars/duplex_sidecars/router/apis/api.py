@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from duplex_sidecars.protocol import LegShape
-from duplex_sidecars.router.history import History, Reply
+from duplex_sidecars.router.history import Covered, History, Reply
 from duplex_sidecars.router.relay import StreamShape
 
 # (field, required, check, message, code): what a body must satisfy before anything reaches an engine; null counts
@@ -36,6 +36,10 @@ class Api:
     collector: Callable[[], Collector]
     stream: StreamShape
     error_body: Callable[[int, str, str, Any], bytes]  # (status, message, type, code) in the API's own shape
+    # The history decode's blocks cover after the reply (OpenAI chat: the reply as an assistant message).
+    covered: Callable[[History, Reply], Covered] = History.covered_with
+    # Request headers beside conversation.tenant_header that scope state to a tenant (Anthropic's x-api-key).
+    tenant_headers: tuple[str, ...] = ()
 
 
 def is_int(value: Any) -> bool:
