@@ -51,6 +51,15 @@ def _cached(body: kopf.Body) -> dict[str, Any]:
     return obj
 
 
+def bearer_token(cfg: Any) -> str | None:
+    """A kubeconfig's bearer token, wherever the client keeps it (kubernetes 36 on: api_key["BearerToken"])."""
+    for key in ("BearerToken", "authorization"):
+        value = cfg.get_api_key_with_prefix(key)
+        if value:
+            return str(value).removeprefix("Bearer ").strip() or None
+    return None
+
+
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """An explicit --kubeconfig wins; otherwise kopf's usual in-cluster/kubeconfig discovery."""
@@ -61,12 +70,11 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
     cfg = client.Configuration()
     config.load_kube_config(config_file=path, client_configuration=cfg)
-    token = (cfg.api_key or {}).get("authorization", "").removeprefix("Bearer ").strip() or None
     return kopf.ConnectionInfo(
         server=cfg.host,
         ca_path=cfg.ssl_ca_cert,
         insecure=not cfg.verify_ssl,
-        token=token,
+        token=bearer_token(cfg),
         certificate_path=cfg.cert_file,
         private_key_path=cfg.key_file,
     )
