@@ -15,11 +15,17 @@ from tooling import promtool, run
 PROMISED = {
     "Reuse hits and misses by reason": {"duplex_router_kv_reuse_hits_total", "duplex_router_kv_reuse_misses_total"},
     "Tokens read back from decode": {"vllm:prompt_tokens_by_source_total", "duplex_router_kv_reused_tokens_total"},
-    "TTFT (router) and reuse": {"duplex_router_time_to_first_token_seconds_bucket"},
+    "TTFT (router) with and without reuse": {"duplex_router_time_to_first_token_seconds_bucket"},
     "NIXL transfer time": {"vllm:nixl_xfer_time_seconds_bucket"},
     "Conversation store": {"duplex_router_store_entries", "duplex_router_store_bytes"},
     "Reconciles by result": {"duplex_reconciles_total"},
 }
+
+
+def test_ttft_is_split_by_reuse() -> None:
+    panel = next(p for p in dashboard_panels() if p["title"] == "TTFT (router) with and without reuse")
+    ttft = [t["expr"] for t in panel["targets"] if "time_to_first_token" in t["expr"]]
+    assert ttft and all("by (le, reuse)" in e for e in ttft)
 
 
 def test_promised_panels_read_their_metrics() -> None:

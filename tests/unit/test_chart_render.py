@@ -434,9 +434,12 @@ def test_prometheus_rule_ships_the_tested_rule_file(tmp_path: Path) -> None:
     assert rule["spec"] == yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())
 
 
-def test_store_bound_alert_uses_the_operators_store_share() -> None:
+def test_store_bound_alert_uses_the_routers_own_bound() -> None:
+    # The router exports its store's bound (store.max_bytes, which the operator renders as STORE_MEMORY_SHARE of the
+    # router's memory), so the alert needs nothing from kube-state-metrics.
     text = (CHART / "files" / "prometheus-rules.yaml").read_text()
-    assert f"({STORE_MEMORY_SHARE} * max by (namespace, pod) (kube_pod_container_resource_limits" in text
+    assert "duplex_router_store_max_bytes" in text and "kube_pod_container_resource_limits" not in text
+    assert 0 < STORE_MEMORY_SHARE < 1
 
 
 def test_dashboard_config_map_for_the_grafana_sidecar(tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ import asyncio
 import json
 import logging
 import os
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -68,12 +67,17 @@ class Router:
         self.prober: HealthProber | None = None
         self.watcher: EndpointSliceWatcher | None = None
         self.pickers = {PREFILL: prefill_picker(), DECODE: decode_picker()}
+        self._show_store_bound()
         self.engine_api_key = self._api_key(config)
         self.deps = self._deps()
         self.generation = 1  # config generation, reported by /ready
         self.limits: Limits | None = None  # the HTTP server's, once serving
         self._tasks: list[asyncio.Task[None]] = []
         self.engines.on_decode_removed(self._drop_departed)
+
+    def _show_store_bound(self) -> None:
+        if isinstance(self.store, MemoryStore):
+            self.metrics.store_max_bytes.set(self.store.max_bytes)
 
     def _deps(self) -> pipeline.Deps:
         """What the request path gets: built again whenever the config changes, so a request sees one config."""
@@ -185,6 +189,7 @@ class Router:
             # Lower bounds evict the oldest entries at the next put or maintenance pass.
             self.store.max_entries = new.store.max_entries
             self.store.max_bytes = new.store.max_bytes
+            self._show_store_bound()
         self.engine_api_key = self._api_key(new)
         if self.prober is not None:
             hc = new.health_check
@@ -251,10 +256,6 @@ async def _completions(router: Router, request: Request) -> None:
         raw = body_of(request, router.config.max_body_bytes)
         turn = parse_turn(request, raw, router.config.conversation, router.config.served_model_names)
         status = await pipeline.handle(router.deps, request, turn)
-        if not turn.stream:
-            elapsed = time.perf_counter() - turn.started
-            router.metrics.ttft.labels(route, "false").observe(elapsed)
-            router.metrics.e2e.labels(route, "false").observe(elapsed)
     except RouterError as exc:
         status = exc.status
         send_router_error(request, exc, api.error_body)

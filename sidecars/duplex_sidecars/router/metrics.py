@@ -63,8 +63,9 @@ class RouterMetrics:
         self.ttft = _Children(
             Histogram(
                 "duplex_router_time_to_first_token_seconds",
-                "From request arrival to the first byte sent to the client.",
-                ["route", "stream"],
+                "From request arrival to the first byte sent to the client, by route, stream mode and whether the "
+                "prefill leg read decode's blocks back (reuse hit or miss).",
+                ["route", "stream", "reuse"],
                 buckets=_LATENCY_BUCKETS,
                 registry=r,
             )
@@ -166,6 +167,11 @@ class RouterMetrics:
         )
         for reason in MISS_REASONS:
             self.reuse_misses.labels(reason)
+        self.store_max_bytes = Gauge(
+            "duplex_router_store_max_bytes",
+            "The memory store's bound in bytes (store.max_bytes); what duplex_router_store_bytes may reach.",
+            registry=r,
+        )
         self.store_bytes = Gauge(
             "duplex_router_store_bytes",
             "Bytes the memory store's entries are counted as against store.max_bytes, as of its last put or take.",

@@ -68,6 +68,11 @@ class Context:
     exchange: Exchange
     decision: reuse.Decision = field(default_factory=lambda: reuse.Decision(None, None))
     failures: list[LegFailure] = field(default_factory=list)  # decode's, for the final error
+    replayed: bool = False  # a prefill leg that carried decode's blocks succeeded
+
+    @property
+    def reuse_label(self) -> str:
+        return "hit" if self.replayed else "miss"
 
 
 async def handle(deps: Deps, exchange: Exchange, turn: Turn) -> int:
@@ -177,6 +182,7 @@ async def prefill(deps: Deps, ctx: Context, decode_attempt: int) -> dict[str, An
             metrics.resends.labels(PREFILL).inc()
         metrics.leg_duration.labels(PREFILL).observe(time.perf_counter() - started)
         if current.replay:
+            ctx.replayed = True
             metrics.reuse_hits.inc()
             metrics.reused_tokens.inc(ctx.decision.tokens)
         params = reply.get(protocol.KV_PARAMS_FIELD)
@@ -246,14 +252,14 @@ async def relay_body(deps: Deps, ctx: Context, engine: Engine, resp: EngineRespo
     # A reply only the lenient parser could read (NaN, ...) is relayed but not compared: a tombstone is stored.
     reply = turn.api.reply_of_body(body) if exact else Reply(choices=0)
     out = jsonio.dumps(body, exact)
-    await answer_and_record(
-        deps,
-        ctx,
-        engine,
-        kv_params,
-        reply,
-        lambda: exchange.respond(200, out, headers={"X-Request-Id": turn.request_id}),
-    )
+
+    def answer() -> None:
+        exchange.respond(200, out, headers={"X-Request-Id": turn.request_id})
+        elapsed = time.perf_counter() - turn.started
+        deps.metrics.ttft.labels(turn.route, "false", ctx.reuse_label).observe(elapsed)
+        deps.metrics.e2e.labels(turn.route, "false").observe(elapsed)
+
+    await answer_and_record(deps, ctx, engine, kv_params, reply, answer)
 
 
 async def relay_stream(deps: Deps, ctx: Context, engine: Engine, resp: EngineResponse) -> None:
@@ -317,7 +323,7 @@ def _send(deps: Deps, ctx: Context, data: bytes | bytearray, last: bool = False)
     if not exchange.started:
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Request-Id": turn.request_id}
         exchange.start(200, headers, data)
-        deps.metrics.ttft.labels(turn.route, "true").observe(time.perf_counter() - turn.started)
+        deps.metrics.ttft.labels(turn.route, "true", ctx.reuse_label).observe(time.perf_counter() - turn.started)
         data = b""
     if last:
         exchange.end(data)

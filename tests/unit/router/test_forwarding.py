@@ -637,3 +637,14 @@ async def test_a_slow_client_holds_decode_back_and_its_time_is_not_decodes(make_
     assert text == "".join(rig.d.words)
     assert rig.metric("duplex_router_backend_errors_total", leg="decode", kind="timeout") == 0
     assert rig.d.stream_ended_at is not None
+
+
+async def test_time_to_first_token_is_told_apart_by_reuse(make_rig):
+    # What the dashboard's "TTFT with and without reuse" panel splits on.
+    rig = await make_rig()
+    _, _, text = await rig.chat([USER])
+    await rig.chat([USER, {"role": "assistant", "content": text}, {"role": "user", "content": "x"}], stream=True)
+    ttft = "duplex_router_time_to_first_token_seconds_count"
+    assert rig.metric(ttft, route="chat", stream="false", reuse="miss") == 1
+    assert rig.metric(ttft, route="chat", stream="true", reuse="hit") == 1
+    assert rig.metric(ttft) == 2
