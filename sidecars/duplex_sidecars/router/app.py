@@ -18,12 +18,14 @@ from duplex_sidecars.http1.client import EngineClient
 from duplex_sidecars.http1.server import ClientGone, FrontServer, Limits, Request
 from duplex_sidecars.router import pipeline
 from duplex_sidecars.router.apis import APIS
+from duplex_sidecars.router.client_auth import ClientKeys, presented_key
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.config_file import ConfigError, ConfigSource
 from duplex_sidecars.router.endpoints import DECODE, PREFILL, Engines, HealthProber
 from duplex_sidecars.router.endpointslices import EndpointSliceWatcher
 from duplex_sidecars.router.errors import (
     RouterError,
+    Unauthorized,
     error_json,
     send_error,
     send_router_error,
@@ -67,6 +69,7 @@ class Router:
         self.prober: HealthProber | None = None
         self.watcher: EndpointSliceWatcher | None = None
         self.pickers = {PREFILL: prefill_picker(), DECODE: decode_picker()}
+        self.client_keys = ClientKeys(config.client_keys_dir) if config.client_keys_dir else None
         self._show_store_bound()
         self.engine_api_key = self._api_key(config)
         self.deps = self._deps()
@@ -191,6 +194,8 @@ class Router:
             self.store.max_bytes = new.store.max_bytes
             self._show_store_bound()
         self.engine_api_key = self._api_key(new)
+        if new.client_keys_dir != old.client_keys_dir:
+            self.client_keys = ClientKeys(new.client_keys_dir) if new.client_keys_dir else None
         if self.prober is not None:
             hc = new.health_check
             self.prober.path, self.prober.interval, self.prober.timeout = (
@@ -209,6 +214,8 @@ class Router:
         assert self.source is not None
         while True:
             await asyncio.sleep(self.config.reload_interval_seconds)
+            if self.client_keys is not None:
+                self.client_keys.refresh()  # a mounted Secret changes in place
             try:
                 if not self.source.changed():
                     continue
@@ -253,8 +260,9 @@ async def _completions(router: Router, request: Request) -> None:
     route = api.route
     status = 500
     try:
+        client = authenticated(router, request)
         raw = body_of(request, router.config.max_body_bytes)
-        turn = parse_turn(request, raw, router.config.conversation, router.config.served_model_names)
+        turn = parse_turn(request, raw, router.config.conversation, router.config.served_model_names, client)
         status = await pipeline.handle(router.deps, request, turn)
     except RouterError as exc:
         status = exc.status
@@ -267,7 +275,19 @@ async def _completions(router: Router, request: Request) -> None:
         router.metrics.requests.labels(route, str(status)).inc()
 
 
+def authenticated(router: Router, request: Request) -> str | None:
+    """The tenant of the request's API key when the router checks keys (Unauthorized without a known one)."""
+    if router.client_keys is None:
+        return None
+    tenant = router.client_keys.tenant_for(presented_key(request.header("authorization"), request.header("x-api-key")))
+    if tenant is None:
+        router.metrics.rejected.labels("unauthorized").inc()
+        raise Unauthorized()
+    return tenant
+
+
 async def _models(router: Router, request: Request) -> None:
+    authenticated(router, request)
     names = router.config.served_model_names
     if names:
         data = [{"id": n, "object": "model", "created": 0, "owned_by": "duplex"} for n in names]

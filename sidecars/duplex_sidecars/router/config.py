@@ -144,6 +144,12 @@ class RouterConfig(_Strict):
     decode_retries: int = Field(1, ge=0, le=5, description="Extra decode attempts before the first byte.")
     served_model_names: list[str] = Field(default_factory=list, description="Models listed by /v1/models.")
     health_check: HealthCheckConfig = Field(default_factory=HealthCheckConfig)
+    client_keys_dir: str | None = Field(
+        None,
+        description="Directory of client API keys, one file per tenant (name: the tenant, content: the key), e.g. "
+        "a mounted Secret. When set, completions and /v1/models need a known key (401 otherwise), and a "
+        "conversation's tenant is its key's name.",
+    )
     engine_api_key_env: str | None = Field(
         None, description="Environment variable whose value is sent to the engines as a Bearer token."
     )

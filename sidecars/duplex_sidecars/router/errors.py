@@ -34,6 +34,17 @@ class BadRequest(RouterError):
     type = "invalid_request_error"
 
 
+class Unauthorized(RouterError):
+    """No client API key, or not one the router knows."""
+
+    status = 401
+    type = "invalid_request_error"
+
+    def __init__(self) -> None:
+        super().__init__("A valid API key is required (Authorization: Bearer <key>, or x-api-key).",
+                         code="invalid_api_key")  # fmt: skip
+
+
 class PayloadTooLarge(RouterError):
     status = 413
     type = "invalid_request_error"

@@ -151,13 +151,13 @@ class RouterMetrics:
         self.rejected = _Children(
             Counter(
                 "duplex_router_rejected_requests",
-                "Client connections or requests refused at the HTTP layer, by reason: connections (503), inflight "
-                "(503), head_timeout and body_timeout (408).",
+                "Client connections or requests refused at the edge, by reason: connections (503), inflight (503), "
+                "head_timeout and body_timeout (408), unauthorized (401).",
                 ["reason"],
                 registry=r,
             )
         )
-        for reason in ("connections", "inflight", "head_timeout", "body_timeout"):
+        for reason in ("connections", "inflight", "head_timeout", "body_timeout", "unauthorized"):
             self.rejected.labels(reason)
         self.config_reloads = Counter(
             "duplex_router_config_reloads",

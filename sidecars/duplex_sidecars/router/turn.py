@@ -108,8 +108,15 @@ def conversation_of(request: Exchange, body: dict[str, Any], conversation: Conve
     return conversation_id
 
 
-def parse_turn(request: Exchange, raw: bytes, conversation: ConversationConfig, served_models: list[str]) -> Turn:
-    """The turn a client request stands for; BadRequest (400) or ModelNotFound (404) when it cannot be served."""
+def parse_turn(
+    request: Exchange,
+    raw: bytes,
+    conversation: ConversationConfig,
+    served_models: list[str],
+    client: str | None = None,
+) -> Turn:
+    """The turn a client request stands for; BadRequest (400) or ModelNotFound (404) when it cannot be served.
+    `client` is the tenant an API key authenticated, when the router checks keys."""
     api = APIS[request.path]
     route = api.route
     try:
@@ -124,8 +131,11 @@ def parse_turn(request: Exchange, raw: bytes, conversation: ConversationConfig, 
         raise ModelNotFound(model)
     check_fields(api.checks, body, _bad_request)
     conversation_id = conversation_of(request, body, conversation)
-    credentials = [_single_header(request, name) for name in (conversation.tenant_header, *api.tenant_headers)]
-    tenant = tenant_of("\0".join(c or "" for c in credentials) if any(credentials) else None)
+    if client is not None:
+        tenant = tenant_of("client\0" + client)  # the key's tenant, whatever else the headers say
+    else:
+        credentials = [_single_header(request, name) for name in (conversation.tenant_header, *api.tenant_headers)]
+        tenant = tenant_of("\0".join(c or "" for c in credentials) if any(credentials) else None)
     sessions = [_single_header(request, name) or "" for name in conversation.session_headers]
     # Only the router decides what an engine reads or retains; a client must never steer it.
     body.pop(KV_PARAMS_FIELD, None)

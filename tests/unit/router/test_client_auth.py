@@ -1,0 +1,66 @@
+"""Client API keys: with `client_keys_dir` set, completions and /v1/models need a key the router knows (401
+otherwise, in each API's error shape), the key's name is the tenant, and a rotated key applies without a restart."""
+
+from __future__ import annotations
+
+from duplex_sidecars.router.client_auth import ClientKeys, presented_key
+
+USER = {"role": "user", "content": "hi"}
+
+
+def keys_dir(tmp_path, **keys: str):
+    d = tmp_path / "keys"
+    d.mkdir(exist_ok=True)
+    for tenant, key in keys.items():
+        (d / tenant).write_text(key + "\n")
+    return d
+
+
+def test_keys_are_files_named_by_tenant(tmp_path):
+    d = keys_dir(tmp_path, alice="key-a", bob="key-b")
+    (d / "..data").mkdir()  # a mounted Secret's bookkeeping is not a key
+    keys = ClientKeys(str(d))
+    assert len(keys) == 2
+    assert keys.tenant_for("key-a") == "alice" and keys.tenant_for("key-b") == "bob"
+    assert keys.tenant_for("key-c") is None and keys.tenant_for("") is None and keys.tenant_for(None) is None
+    (d / "alice").write_text("rotated")
+    assert keys.refresh() and keys.tenant_for("key-a") is None and keys.tenant_for("rotated") == "alice"
+    assert not keys.refresh()  # nothing changed since
+
+
+def test_a_key_is_a_bearer_token_or_anthropics_header():
+    assert presented_key("Bearer abc", None) == "abc"
+    assert presented_key("bearer abc ", "x") == "abc"
+    assert presented_key(None, "xyz") == "xyz"
+    assert presented_key("Basic abc", None) is None
+
+
+async def test_requests_need_a_known_key(make_rig, tmp_path):
+    rig = await make_rig(client_keys_dir=str(keys_dir(tmp_path, alice="key-a")))
+    status, body, _ = await rig.chat([USER])
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"
+    status, _, _ = await rig.chat([USER], headers={"Authorization": "Bearer wrong"})
+    assert status == 401
+    status, _, _ = await rig.chat([USER], headers={"Authorization": "Bearer key-a"})
+    assert status == 200
+    assert rig.metric("duplex_router_rejected_requests_total", reason="unauthorized") == 2
+    assert rig.p.seen and len(rig.p.seen) == 1  # refused requests never reached an engine
+    async with rig.session.get(rig.url + "/v1/models") as resp:
+        assert resp.status == 401
+    async with rig.session.get(rig.url + "/health") as resp:
+        assert resp.status == 200  # probes need no key
+    status, body, _ = await rig.post("/v1/messages", {"model": "m", "max_tokens": 4, "messages": [USER]})
+    assert status == 401 and body["type"] == "error" and body["error"]["type"] == "authentication_error"
+
+
+async def test_the_key_names_the_tenant(make_rig, tmp_path):
+    rig = await make_rig(client_keys_dir=str(keys_dir(tmp_path, alice="key-a", bob="key-b")))
+    alice, bob = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+    _, _, text = await rig.chat([USER], conv="shared-id", headers=alice)
+    history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+    await rig.chat(history, conv="shared-id", headers=bob)  # the same conversation id, another tenant
+    assert rig.metric("duplex_router_kv_reuse_hits_total") == 0
+    await rig.chat(history, conv="shared-id", headers=alice)
+    assert rig.metric("duplex_router_kv_reuse_hits_total") == 1
+    # a client's own credentials never reach an engine
+    assert all("key-a" not in str(s.headers.get("Authorization")) for s in rig.p.seen + rig.d.seen)
