@@ -68,7 +68,7 @@ class Router:
         self.engine_client: EngineClient = make_engine_client(resolver)  # the legs
         self.prober: HealthProber | None = None
         self.watcher: EndpointSliceWatcher | None = None
-        self.pickers = {PREFILL: prefill_picker(), DECODE: decode_picker()}
+        self.pickers = {PREFILL: prefill_picker(config.placement), DECODE: decode_picker()}
         self.client_keys = ClientKeys(config.client_keys_dir) if config.client_keys_dir else None
         self._show_store_bound()
         self.engine_api_key = self._api_key(config)
@@ -204,6 +204,8 @@ class Router:
                 hc.timeout_seconds,
             )
             self.prober._headers = self._probe_headers()
+        if new.placement != old.placement:
+            self.pickers = {PREFILL: prefill_picker(new.placement), DECODE: self.pickers[DECODE]}
         self.config = new
         self.deps = self._deps()
         self.apply_limits()

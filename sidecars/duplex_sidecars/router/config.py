@@ -121,6 +121,17 @@ class ClientLimitsConfig(_Strict):
     )
 
 
+class PlacementConfig(_Strict):
+    """How the prefill engine of a leg is chosen. `cost` weighs the legs waiting on each engine against reading the
+    conversation's blocks from decode, which the engine of the previous turn (whose prefix cache may hold them)
+    does not have to do; its numbers are fitted by bench/ttft_bench.py (docs/benchmarks.md)."""
+
+    prefill: Literal["least_outstanding", "round_robin", "cost"] = "least_outstanding"
+    queue_ms_per_leg: float = Field(200.0, ge=0, description="cost: expected wait behind each leg already in flight.")
+    read_ms_per_1k_tokens: float = Field(10.0, ge=0, description="cost: reading 1k tokens of KV from decode.")
+    read_latency_ms: float = Field(2.0, ge=0, description="cost: the fixed part of a read (handshake, posting).")
+
+
 class HealthCheckConfig(_Strict):
     path: str = Field("/health", description="Engine liveness path probed by the router.")
     interval_seconds: float = Field(5.0, gt=0, description="Time between probes of each engine.")
@@ -144,6 +155,7 @@ class RouterConfig(_Strict):
     decode_retries: int = Field(1, ge=0, le=5, description="Extra decode attempts before the first byte.")
     served_model_names: list[str] = Field(default_factory=list, description="Models listed by /v1/models.")
     health_check: HealthCheckConfig = Field(default_factory=HealthCheckConfig)
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
     client_keys_dir: str | None = Field(
         None,
         description="Directory of client API keys, one file per tenant (name: the tenant, content: the key), e.g. "

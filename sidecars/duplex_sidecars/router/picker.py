@@ -1,9 +1,11 @@
 """Which engine of a role gets the next leg: candidates in tiers (filters, relaxed in order), then scorers.
 
 A placement policy is one more scorer: it sees each candidate and what the pipeline knows about the request
-(`Hints`) and adds to its score. The default scorers reproduce the router's policy: the decode engine that holds
-the conversation's blocks first, then healthy before not-yet-probed, then the fewest legs in flight; ties are broken
-at random so that equal engines share the load.
+(`Hints`) and adds to its score. Decode: the engine that holds the conversation's blocks first, then healthy before
+not-yet-probed, then the fewest legs in flight. Prefill (`placement.prefill`): the fewest legs in flight
+(least_outstanding, the default), each engine in turn (round_robin), or the least expected cost (cost: the legs
+already waiting on it, plus reading the conversation's blocks from decode unless it is the engine whose prefix
+cache holds the previous turn). Ties are broken at random, or in turn for round_robin.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from duplex_sidecars.router.config import PlacementConfig
 from duplex_sidecars.router.endpoints import Engine, EnginePool
 
 
@@ -21,6 +24,7 @@ class Hints:
 
     tried: frozenset[str] = frozenset()  # engines this request's leg already failed on
     sticky: str | None = None  # the engine that served the conversation's previous turn (decode: holds its blocks)
+    tokens: int = 0  # prefill: tokens of decode's blocks a replay would read (0 without a replay)
 
 
 Scorer = Callable[[Engine, Hints], float]
@@ -50,12 +54,29 @@ TIERS: tuple[Tier, ...] = (
 )
 
 
+def cost(queue_ms_per_leg: float, read_ms_per_1k_tokens: float, read_latency_ms: float) -> Scorer:
+    """Minus the expected milliseconds before this engine can answer the leg: the legs already in flight on it, and
+    reading the conversation's blocks from decode, which the engine of the previous turn skips for what its prefix
+    cache still holds. The suffix to compute is the same on every engine, so it is left out."""
+
+    def score(engine: Engine, hints: Hints) -> float:
+        wait = engine.inflight * queue_ms_per_leg
+        if hints.tokens and engine.url != hints.sticky:
+            wait += read_latency_ms + hints.tokens / 1000 * read_ms_per_1k_tokens
+        return -wait
+
+    return score
+
+
 @dataclass
 class Picker:
-    """Scorers with weights; the highest total wins within the first non-empty tier."""
+    """Scorers with weights; the highest total wins within the first non-empty tier. `rotate` breaks ties in turn
+    instead of at random."""
 
     scorers: Sequence[tuple[float, Scorer]] = field(default_factory=tuple)
     tiers: Sequence[Tier] = TIERS
+    rotate: bool = False
+    _turn: int = 0
 
     def pick(self, pool: EnginePool, hints: Hints = Hints()) -> Engine | None:
         engines = list(pool.engines.values())
@@ -70,10 +91,20 @@ class Picker:
             return candidates[0]
         scored = [(sum(w * score(e, hints) for w, score in self.scorers), e) for e in candidates]
         top = max(s for s, _ in scored)
-        return random.choice([e for s, e in scored if s == top])
+        tied = [e for s, e in scored if s == top]
+        if self.rotate:
+            self._turn += 1
+            return tied[self._turn % len(tied)]
+        return random.choice(tied)
 
 
-def prefill_picker() -> Picker:
+def prefill_picker(placement: PlacementConfig | None = None) -> Picker:
+    placement = placement or PlacementConfig()
+    if placement.prefill == "round_robin":
+        return Picker(((1.0, probed_healthy),), rotate=True)
+    if placement.prefill == "cost":
+        policy = cost(placement.queue_ms_per_leg, placement.read_ms_per_1k_tokens, placement.read_latency_ms)
+        return Picker(((1e9, probed_healthy), (1.0, policy)))
     return Picker(((1000.0, probed_healthy), (1.0, least_outstanding)))
 
 

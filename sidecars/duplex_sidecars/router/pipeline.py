@@ -69,6 +69,7 @@ class Context:
     decision: reuse.Decision = field(default_factory=lambda: reuse.Decision(None, None))
     failures: list[LegFailure] = field(default_factory=list)  # decode's, for the final error
     replayed: bool = False  # a prefill leg that carried decode's blocks succeeded
+    prefill_url: str | None = None  # the prefill engine that answered
 
     @property
     def reuse_label(self) -> str:
@@ -145,7 +146,8 @@ async def prefill(deps: Deps, ctx: Context, decode_attempt: int) -> dict[str, An
     replay_failed = False
     current: attempts.PrefillAttempt | None = attempts.first_prefill(decode_attempt, ctx.decision.hit)
     while current is not None:
-        engine = deps.pickers[PREFILL].pick(pool, Hints(frozenset(tried)))
+        hints = Hints(frozenset(tried), ctx.decision.previous_prefill, ctx.decision.tokens if current.replay else 0)
+        engine = deps.pickers[PREFILL].pick(pool, hints)
         if engine is None:
             break
         tried.add(engine.url)
@@ -178,6 +180,7 @@ async def prefill(deps: Deps, ctx: Context, decode_attempt: int) -> dict[str, An
             if current is not None:
                 metrics.retries.labels(PREFILL).inc()
             continue
+        ctx.prefill_url = engine.url
         if resent:
             metrics.resends.labels(PREFILL).inc()
         metrics.leg_duration.labels(PREFILL).observe(time.perf_counter() - started)
@@ -349,17 +352,19 @@ async def answer_and_record(
         try:
             answer()
         finally:
-            await record(deps, ctx.turn, engine, kv_params, reply)
+            await record(deps, ctx.turn, engine, kv_params, reply, ctx.prefill_url)
     else:
-        await record(deps, ctx.turn, engine, kv_params, reply)
+        await record(deps, ctx.turn, engine, kv_params, reply, ctx.prefill_url)
         answer()
 
 
-async def record(deps: Deps, turn: Turn, engine: Engine, kv_params: Any, reply: Reply) -> None:
+async def record(
+    deps: Deps, turn: Turn, engine: Engine, kv_params: Any, reply: Reply, prefill_url: str | None = None
+) -> None:
     """Store the turn's capture; recording is an optimisation and never costs the client its answer."""
     outcome = "not_stored"
     try:
-        capture = reuse.after_decode(turn, engine.url, kv_params, reply)
+        capture = reuse.after_decode(turn, engine.url, kv_params, reply, prefill_url)
         outcome = capture.outcome
         if capture.why is not None:
             log.debug("request %s: not storing decode's blocks: %s", turn.request_id, capture.why)

@@ -39,14 +39,15 @@ class Decision:
     reason: str | None  # the miss reason otherwise
     sticky_decode: str | None = None  # the decode engine that served the previous turn
     tokens: int = 0  # remote_num_tokens offered to prefill
+    previous_prefill: str | None = None  # the prefill engine of the previous turn (its prefix cache may hold it)
 
     @property
     def hit(self) -> bool:
         return self.params is not None
 
 
-def _miss(reason: str, sticky: str | None = None) -> Decision:
-    return Decision(None, reason, sticky)
+def _miss(reason: str, sticky: str | None = None, previous_prefill: str | None = None) -> Decision:
+    return Decision(None, reason, sticky, previous_prefill=previous_prefill)
 
 
 def needs_lookup(turn: Turn) -> Decision | None:
@@ -68,27 +69,27 @@ def decide(turn: Turn, entry: Entry | _StoreFailed | None, decode_endpoints: Con
         return _miss("store_error")
     if entry is None:
         return _miss("no_entry")
-    sticky = entry.decode_url
+    sticky, prefill = entry.decode_url, entry.prefill_url
     if not entry.replayable:
         reason = entry.reason or NOT_REPLAYABLE
-        return _miss(reason, None if reason == ENDPOINT_GONE else sticky)
+        return _miss(reason, None if reason == ENDPOINT_GONE else sticky, prefill)
     if entry.expired:
-        return _miss("expired", sticky)
+        return _miss("expired", sticky, prefill)
     if entry.decode_url not in decode_endpoints:
-        return _miss(ENDPOINT_GONE)
+        return _miss(ENDPOINT_GONE, None, prefill)
     if entry.scope != turn.scope:
-        return _miss("scope_mismatch", sticky)
+        return _miss("scope_mismatch", sticky, prefill)
     assert turn.history is not None  # needs_lookup
     if entry.covered is None or not turn.history.matches(entry.covered):
-        return _miss("history_mismatch", sticky)
+        return _miss("history_mismatch", sticky, prefill)
     try:
         stored = entry.params  # unpacked only here, on a hit
     except StoreError:
-        return _miss("store_error", sticky)
+        return _miss("store_error", sticky, prefill)
     assert stored is not None
     params = protocol.replay_params(stored)
     tokens = params.get("remote_num_tokens")
-    return Decision(params, None, sticky, tokens if isinstance(tokens, int) else 0)
+    return Decision(params, None, sticky, tokens if isinstance(tokens, int) else 0, prefill)
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ class Capture:
     why: str | None = None  # for the debug log
 
 
-def after_decode(turn: Turn, decode_url: str, kv_params: Any, reply: Reply) -> Capture:
+def after_decode(turn: Turn, decode_url: str, kv_params: Any, reply: Reply, prefill_url: str | None = None) -> Capture:
     """The entry to store after decode answered `reply` with `kv_params` (None when it sent none), and where. A reply
     that cannot be replayed leaves a tombstone saying why, so that the next turn's miss names the cause."""
     if turn.keying is None:
@@ -112,7 +113,7 @@ def after_decode(turn: Turn, decode_url: str, kv_params: Any, reply: Reply) -> C
         return Capture("not_stored", why="no key for this history")
 
     def tombstone(outcome: str, reason: str, why: str) -> Capture:
-        return Capture(outcome, Entry(decode_url=decode_url, reason=reason), key, why)
+        return Capture(outcome, Entry(decode_url=decode_url, reason=reason, prefill_url=prefill_url), key, why)
 
     if kv_params is None:
         return tombstone(NO_PARAMS, STREAM_NO_PARAMS if turn.stream else NO_PARAMS, "decode sent no kv_transfer_params")
@@ -128,5 +129,5 @@ def after_decode(turn: Turn, decode_url: str, kv_params: Any, reply: Reply) -> C
         return tombstone(NOT_REPLAYABLE, NOT_REPLAYABLE, why)
     if covered is None:
         return tombstone(NOT_REPLAYABLE, NOT_REPLAYABLE, "the request's history cannot be compared")
-    entry = Entry(decode_url=decode_url, params=replayable, covered=covered, scope=turn.scope)
+    entry = Entry(decode_url=decode_url, params=replayable, covered=covered, scope=turn.scope, prefill_url=prefill_url)
     return Capture("stored", entry, key)

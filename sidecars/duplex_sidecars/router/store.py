@@ -170,9 +170,9 @@ def unpack_params(blob: bytes) -> dict[str, Any]:
 
 _ENTRY_FORMAT = b"\x01"
 
-# An entry as plain values: (decode_url, reason, covered kind, digest, length, scope, expires_at, blob).
-Row = tuple[str, str | None, str | None, str | None, int | None, str | None, float, bytes | None]
-_URL, _EXPIRES_AT, _BLOB = 0, 6, 7
+# An entry as plain values: (decode_url, reason, covered kind, digest, length, scope, expires_at, blob, prefill_url).
+Row = tuple[str, str | None, str | None, str | None, int | None, str | None, float, bytes | None, str | None]
+_URL, _EXPIRES_AT, _BLOB, _PREFILL = 0, 6, 7, 8
 
 
 def _row_bytes(row: Row) -> int:
@@ -187,7 +187,7 @@ class Entry:
     The params are packed when the entry is made and unpacked by each read of `params`; `replayable` tells without
     unpacking."""
 
-    __slots__ = ("blob", "covered", "decode_url", "expired", "expires_at", "reason", "scope")
+    __slots__ = ("blob", "covered", "decode_url", "expired", "expires_at", "prefill_url", "reason", "scope")
 
     def __init__(
         self,
@@ -199,8 +199,10 @@ class Entry:
         expires_at: float = 0.0,
         *,
         blob: bytes | None = None,
+        prefill_url: str | None = None,
     ):
         self.decode_url = decode_url
+        self.prefill_url = prefill_url  # the prefill engine of the turn: its prefix cache may still hold the prompt
         self.blob = pack_params(params) if params is not None else blob
         self.reason = reason  # tombstone reason
         self.covered = covered
@@ -223,7 +225,9 @@ class Entry:
         return _row_bytes(self.to_row())
 
     def tombstone(self, reason: str) -> Entry:
-        return Entry(decode_url=self.decode_url, reason=reason, expires_at=self.expires_at)
+        return Entry(
+            decode_url=self.decode_url, reason=reason, expires_at=self.expires_at, prefill_url=self.prefill_url
+        )
 
     def to_row(self) -> Row:
         cov = self.covered
@@ -236,17 +240,27 @@ class Entry:
             self.scope,
             self.expires_at,
             self.blob,
+            self.prefill_url,
         )
 
     @classmethod
     def from_row(cls, row: Row) -> Entry:
-        url, reason, kind, digest, length, scope, expires_at, blob = row
+        url, reason, kind, digest, length, scope, expires_at, blob, prefill = row
         covered = Covered(kind=kind, digest=digest, length=length) if kind is not None else None
-        return cls(decode_url=url, reason=reason, covered=covered, scope=scope, expires_at=expires_at, blob=blob)
+        return cls(
+            decode_url=url,
+            reason=reason,
+            covered=covered,
+            scope=scope,
+            expires_at=expires_at,
+            blob=blob,
+            prefill_url=prefill,
+        )
 
     def to_bytes(self) -> bytes:
         """The Redis value: a format byte, the metadata's length and JSON, then the params blob as is."""
-        meta = _dump(list(self.to_row()[:-1]))
+        row = self.to_row()
+        meta = _dump([*row[:_BLOB], row[_PREFILL]])
         return _ENTRY_FORMAT + len(meta).to_bytes(4, "little") + meta + (self.blob or b"")
 
     @classmethod
@@ -256,8 +270,12 @@ class Entry:
             if raw[:1] != _ENTRY_FORMAT:
                 raise ValueError(f"unknown entry format {raw[:1]!r}")
             size = int.from_bytes(raw[1:5], "little")
-            url, reason, kind, digest, length, scope, expires_at = _load(memoryview(raw)[5 : 5 + size])
-            return cls.from_row((url, reason, kind, digest, length, scope, float(expires_at), raw[5 + size :] or None))
+            meta = _load(memoryview(raw)[5 : 5 + size])
+            if len(meta) == 7:  # written before entries named their prefill engine
+                meta.append(None)
+            url, reason, kind, digest, length, scope, expires_at, prefill = meta
+            blob = raw[5 + size :] or None
+            return cls.from_row((url, reason, kind, digest, length, scope, float(expires_at), blob, prefill))
         except (ValueError, TypeError) as exc:
             raise StoreError(f"undecodable entry: {type(exc).__name__}: {exc}") from exc
 
@@ -377,7 +395,9 @@ class MemoryStore:
         for key in keys:
             row = self._entries.get(key)
             if row is not None and row[_BLOB] is not None:
-                tomb = Entry(decode_url=url, reason=ENDPOINT_GONE, expires_at=row[_EXPIRES_AT]).to_row()
+                tomb = Entry(
+                    decode_url=url, reason=ENDPOINT_GONE, expires_at=row[_EXPIRES_AT], prefill_url=row[_PREFILL]
+                ).to_row()
                 self._entries[key] = tomb  # keeps its place in the expiry order
                 self._bytes += _row_bytes(tomb) - _row_bytes(row)
                 dropped += 1

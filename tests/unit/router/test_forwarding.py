@@ -648,3 +648,17 @@ async def test_time_to_first_token_is_told_apart_by_reuse(make_rig):
     assert rig.metric(ttft, route="chat", stream="false", reuse="miss") == 1
     assert rig.metric(ttft, route="chat", stream="true", reuse="hit") == 1
     assert rig.metric(ttft) == 2
+
+
+async def test_the_cost_policy_sends_a_conversation_back_to_its_prefill(make_rig):
+    rig = await make_rig(n_prefill=2, placement={"prefill": "cost"})
+    status, _, text = await rig.chat([USER])
+    assert status == 200
+    first = next(e for e in rig.prefill if e.seen)
+    history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+    for _ in range(3):
+        status, _, text = await rig.chat(history)
+        assert status == 200
+        history = history + [{"role": "assistant", "content": text}, {"role": "user", "content": "more"}]
+    assert len(first.seen) == 4 and all(not e.seen for e in rig.prefill if e is not first)
+    assert rig.metric("duplex_router_kv_reuse_hits_total") == 3

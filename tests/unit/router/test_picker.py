@@ -68,3 +68,51 @@ def test_a_placement_policy_is_one_more_scorer():
     with p.busy(b), p.busy(b):
         assert prefer_b.pick(p) is b
         assert prefer_b.pick(p, Hints(frozenset({"http://b"}))) is a  # tiers still come first
+
+
+# ---- prefill placement ------------------------------------------------------------------------------------------
+
+from duplex_sidecars.router.config import PlacementConfig  # noqa: E402
+from duplex_sidecars.router.endpoints import PREFILL  # noqa: E402
+from duplex_sidecars.router.picker import prefill_picker  # noqa: E402
+
+
+def prefills(*busy: int) -> EnginePool:
+    p = EnginePool(PREFILL)
+    p.set_urls([f"http://p{i}" for i in range(len(busy))])
+    for engine, legs in zip(p.engines.values(), busy, strict=True):
+        engine.healthy, engine.inflight = True, legs
+    return p
+
+
+COST = prefill_picker(PlacementConfig(prefill="cost", queue_ms_per_leg=200, read_ms_per_1k_tokens=10))
+
+
+def test_cost_keeps_a_conversation_on_the_prefill_that_holds_its_prefix():
+    # Both idle: the previous turn's prefill reads nothing from decode for what its prefix cache holds.
+    assert COST.pick(prefills(0, 0), Hints(sticky="http://p1", tokens=8000)).url == "http://p1"
+    assert COST.pick(prefills(0, 0), Hints(sticky="http://p0", tokens=8000)).url == "http://p0"
+
+
+def test_cost_moves_a_conversation_when_the_queue_costs_more_than_the_read():
+    # p1 has 3 legs waiting (600 ms); reading 10k tokens from decode on p0 costs ~102 ms.
+    assert COST.pick(prefills(0, 3), Hints(sticky="http://p1", tokens=10_000)).url == "http://p0"
+    # One leg (200 ms) waiting is cheaper than reading 50k tokens (~502 ms).
+    assert COST.pick(prefills(0, 1), Hints(sticky="http://p1", tokens=50_000)).url == "http://p1"
+
+
+def test_cost_without_a_replay_is_the_shortest_queue():
+    assert COST.pick(prefills(2, 1, 3), Hints(sticky="http://p0")).url == "http://p1"
+
+
+def test_round_robin_takes_each_prefill_in_turn():
+    rr = prefill_picker(PlacementConfig(prefill="round_robin"))
+    pool = prefills(0, 5, 0)
+    picked = [rr.pick(pool).url for _ in range(6)]
+    assert sorted(set(picked)) == ["http://p0", "http://p1", "http://p2"]  # load does not matter to it
+    assert picked[:3] == picked[3:]
+
+
+def test_least_outstanding_ignores_the_previous_prefill():
+    lo = prefill_picker()
+    assert lo.pick(prefills(1, 0), Hints(sticky="http://p0", tokens=8000)).url == "http://p1"

@@ -495,3 +495,14 @@ def test_memory_store_never_suspends_which_lets_the_router_answer_before_storing
     assert _finishes_without_suspending(s.take("k3")).params["remote_num_tokens"] == 3
     assert _finishes_without_suspending(s.take("k0")) is None
     _finishes_without_suspending(s.drop_endpoint(D1))
+
+
+def test_an_entry_keeps_its_prefill_engine_and_reads_entries_written_without_one():
+    e = Entry(decode_url=D1, params={"remote_engine_id": "d", "remote_num_tokens": 3}, prefill_url="http://p1:8000")
+    assert Entry.from_bytes(e.to_bytes()) == e
+    assert Entry.from_row(e.to_row()).prefill_url == "http://p1:8000"
+    assert e.tombstone("endpoint_gone").prefill_url == "http://p1:8000"
+    # an entry a router of the previous release wrote to a shared Redis (seven metadata fields)
+    old = json.dumps([D1, None, None, None, None, None, 12.0]).encode()
+    read = Entry.from_bytes(b"\x01" + len(old).to_bytes(4, "little") + old)
+    assert read.decode_url == D1 and read.prefill_url is None and read.expires_at == 12.0
