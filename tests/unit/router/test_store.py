@@ -503,6 +503,8 @@ def test_an_entry_keeps_its_prefill_engine_and_reads_entries_written_without_one
     assert Entry.from_row(e.to_row()).prefill_url == "http://p1:8000"
     assert e.tombstone("endpoint_gone").prefill_url == "http://p1:8000"
     # an entry a router of the previous release wrote to a shared Redis (seven metadata fields)
-    old = json.dumps([D1, None, None, None, None, None, 12.0]).encode()
+    from duplex_sidecars.router.store import _dump
+
+    old = _dump([D1, None, None, None, None, None, 12.0])
     read = Entry.from_bytes(b"\x01" + len(old).to_bytes(4, "little") + old)
     assert read.decode_url == D1 and read.prefill_url is None and read.expires_at == 12.0
