@@ -319,3 +319,37 @@ async def test_an_engine_that_streams_no_params_gives_its_own_miss_reason(make_r
         assert captures == 1
     finally:
         old.stop()
+
+
+async def test_the_router_reads_the_engines_nixl_counters(make_rig):
+    # prefill's D->P reads and decode's P->D reads, measured by the engines themselves (vllm:nixl_* histograms),
+    # read back by the router: bandwidth per engine and per pair, and a verdict against the backend's floor.
+    # The simulator's blocks are a few KiB: reads that small measure latency, so none is left out of the verdict here.
+    rig = await make_rig(fabric={"backend": "UCX", "interval_seconds": 3600, "floor_gbps": 1e-6, "min_read_bytes": 0})
+    conv = Conversation(f"conv-{uuid.uuid4().hex}")
+    assert rig.router.fabric is not None
+    await rig.router.fabric.scrape_all()  # the baseline
+    for turn in range(3):
+        await rig.client.turn(conv, LONG + f" turn {turn}")
+    await rig.router.fabric.scrape_all()
+    fabric = rig.router.fabric.describe()
+    by_url = {e["url"]: e for e in fabric["engines"]}
+    prefill = by_url[rig.engines.prefill.url]
+    assert prefill["reads"] >= 2 and prefill["read_gbps"] > 0  # the two replays read decode's blocks
+    assert fabric["healthy"] and "GB/s (UCX)" in fabric["message"], fabric
+    decode = rig.router.engines.decode
+    owners = {labels_owner for labels_owner in (d.url for d in decode.engines.values())}
+    pair = sum(rig.metric("duplex_router_kv_pair_bandwidth_bytes_per_second", reader=prefill["url"], owner=o)
+               for o in owners)  # fmt: skip
+    assert pair > 0
+    async with rig.client._session.get(rig.server.url + "/ready") as resp:
+        assert (await resp.json())["fabric"]["healthy"] is True
+
+    # The same reads judged against a floor no loopback reaches: unhealthy, naming the engine and the likely cause.
+    rig.router.fabric.floor_gbps = 10_000.0
+    for turn in range(2):
+        await rig.client.turn(conv, f"more {turn}")
+    await rig.router.fabric.scrape_all()
+    assert not rig.router.fabric.healthy
+    assert "TCP fallback?" in rig.router.fabric.message
+    assert rig.metric("duplex_router_kv_transfer_healthy") == 0

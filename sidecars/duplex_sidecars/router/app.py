@@ -30,6 +30,7 @@ from duplex_sidecars.router.errors import (
     send_error,
     send_router_error,
 )
+from duplex_sidecars.router.fabric import FabricWatch
 from duplex_sidecars.router.legs import make_engine_client, make_session
 from duplex_sidecars.router.metrics import RouterMetrics
 from duplex_sidecars.router.picker import decode_picker, prefill_picker
@@ -67,6 +68,7 @@ class Router:
         self.session: aiohttp.ClientSession | None = None  # probes and /v1/models
         self.engine_client: EngineClient = make_engine_client(resolver)  # the legs
         self.prober: HealthProber | None = None
+        self.fabric: FabricWatch | None = None
         self.watcher: EndpointSliceWatcher | None = None
         self.pickers = {PREFILL: prefill_picker(config.placement), DECODE: decode_picker()}
         self.client_keys = ClientKeys(config.client_keys_dir) if config.client_keys_dir else None
@@ -92,6 +94,7 @@ class Router:
             client=self.engine_client,
             metrics=self.metrics,
             engine_api_key=self.engine_api_key,
+            fabric=self.fabric,
         )
 
     def apply_limits(self) -> None:
@@ -120,6 +123,11 @@ class Router:
         await self._use_endpoints(self.config)
         await self.prober.probe_all()  # a first answer for /ready without waiting an interval
         self.prober.start()
+        fc = self.config.fabric
+        self.fabric = FabricWatch(self.engines, self.session, self.metrics, fc.backend, fc.interval_seconds,
+                                  self._probe_headers(), fc.floor_gbps, fc.min_read_bytes)  # fmt: skip
+        self.fabric.start()
+        self.deps = self._deps()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._maintenance()))
         if self.source is not None and self.source.path is not None:
@@ -129,6 +137,8 @@ class Router:
         await cancel_all(self._tasks)
         if self.prober is not None:
             await self.prober.stop()
+        if self.fabric is not None:
+            await self.fabric.stop()
         if self.watcher is not None:
             await self.watcher.stop()
             self.watcher = None
@@ -325,6 +335,7 @@ async def _ready(router: Router, request: Request) -> None:
         "ready": ready,
         **router.engines.describe(),
         "store": router.store.health(),
+        "fabric": router.fabric.describe() if router.fabric is not None else None,
         "config_generation": router.generation,
     }
     if router.watcher is not None:

@@ -132,6 +132,22 @@ class PlacementConfig(_Strict):
     read_latency_ms: float = Field(2.0, ge=0, description="cost: the fixed part of a read (handshake, posting).")
 
 
+class FabricConfig(_Strict):
+    """The engines' NIXL counters, read off their /metrics: the bandwidth KV reads get, and whether it is what the
+    backend promises (router/fabric.py)."""
+
+    backend: Literal["UCX", "LIBFABRIC"] = Field("UCX", description="The engines' NIXL backend.")
+    interval_seconds: float = Field(15.0, gt=0, description="How often the engines' counters are read.")
+    floor_gbps: float | None = Field(
+        None, gt=0, description="Read bandwidth below which the fabric is unhealthy (default: 1 for LIBFABRIC, "
+        "0.1 for UCX).",
+    )  # fmt: skip
+    min_read_bytes: float = Field(
+        32 * 2**20, ge=0, description="Reads smaller than this on average measure latency, not bandwidth: they are "
+        "not held to the floor.",
+    )  # fmt: skip
+
+
 class HealthCheckConfig(_Strict):
     path: str = Field("/health", description="Engine liveness path probed by the router.")
     interval_seconds: float = Field(5.0, gt=0, description="Time between probes of each engine.")
@@ -156,6 +172,7 @@ class RouterConfig(_Strict):
     served_model_names: list[str] = Field(default_factory=list, description="Models listed by /v1/models.")
     health_check: HealthCheckConfig = Field(default_factory=HealthCheckConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    fabric: FabricConfig = Field(default_factory=FabricConfig)
     client_keys_dir: str | None = Field(
         None,
         description="Directory of client API keys, one file per tenant (name: the tenant, content: the key), e.g. "

@@ -159,6 +159,45 @@ class RouterMetrics:
         )
         for reason in ("connections", "inflight", "head_timeout", "body_timeout", "unauthorized"):
             self.rejected.labels(reason)
+        self.kv_transfer_healthy = Gauge(
+            "duplex_router_kv_transfer_healthy",
+            "1 while every engine's KV reads run above the backend's floor and rarely fail (router/fabric.py).",
+            registry=r,
+        )
+        self.kv_transfer_healthy.set(1)
+        self.kv_read_bandwidth = _Children(
+            Gauge(
+                "duplex_router_kv_read_bandwidth_bytes_per_second",
+                "Bandwidth of the KV reads an engine initiated in the last interval that had any (vLLM's NIXL "
+                "counters).",
+                ["role", "endpoint"],
+                registry=r,
+            )
+        )
+        self.kv_pair_bandwidth = _Children(
+            Gauge(
+                "duplex_router_kv_pair_bandwidth_bytes_per_second",
+                "A reading engine's bandwidth, for each engine whose blocks it read in that interval.",
+                ["reader", "owner"],
+                registry=r,
+            )
+        )
+        self.kv_transfer_failures = _Children(
+            Counter(
+                "duplex_router_kv_transfer_failures",
+                "KV transfers an engine reports failed (vllm:nixl_num_failed_transfers), as seen by the router.",
+                ["role", "endpoint"],
+                registry=r,
+            )
+        )
+        self.kv_expired_reads = _Children(
+            Counter(
+                "duplex_router_kv_expired_reads",
+                "Reads an engine declined because the blocks expired (vllm:nixl_num_kv_expired_reqs).",
+                ["role", "endpoint"],
+                registry=r,
+            )
+        )
         self.config_reloads = Counter(
             "duplex_router_config_reloads",
             "Config file reloads by outcome (applied, invalid).",
@@ -181,6 +220,14 @@ class RouterMetrics:
     def forget_endpoint(self, url: str) -> None:
         """Drop the per-engine series of an engine that left the endpoint set."""
         self.captures.remove_where(2, url)
+        for children, position in (
+            (self.kv_transfer_failures, 1),
+            (self.kv_expired_reads, 1),
+            (self.kv_read_bandwidth, 1),
+            (self.kv_pair_bandwidth, 0),
+            (self.kv_pair_bandwidth, 1),
+        ):
+            children.remove_where(position, url)
 
     def miss(self, reason: str) -> None:
         self.reuse_misses.labels(reason).inc()

@@ -33,6 +33,7 @@ from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.endpoints import DECODE, PREFILL, Engine, Engines
 from duplex_sidecars.router.errors import BackendFailed, BackendUnavailable, RouterError
 from duplex_sidecars.router.exchange import Exchange
+from duplex_sidecars.router.fabric import FabricWatch
 from duplex_sidecars.router.history import Reply
 from duplex_sidecars.router.legs import LegFailure
 from duplex_sidecars.router.metrics import RouterMetrics
@@ -58,6 +59,7 @@ class Deps:
     client: EngineClient
     metrics: RouterMetrics
     engine_api_key: str | None = None
+    fabric: FabricWatch | None = None  # told which engines read whose blocks
 
 
 @dataclass
@@ -186,6 +188,8 @@ async def prefill(deps: Deps, ctx: Context, decode_attempt: int) -> dict[str, An
         metrics.leg_duration.labels(PREFILL).observe(time.perf_counter() - started)
         if current.replay:
             ctx.replayed = True
+            if deps.fabric is not None and ctx.decision.sticky_decode:
+                deps.fabric.note_read(engine.url, ctx.decision.sticky_decode)
             metrics.reuse_hits.inc()
             metrics.reused_tokens.inc(ctx.decision.tokens)
         params = reply.get(protocol.KV_PARAMS_FIELD)
@@ -211,6 +215,8 @@ async def decode(deps: Deps, ctx: Context, engine: Engine, attempt: int, prefill
     turn = ctx.turn
     pool = deps.engines.decode
     body = turn.encode(protocol.decode_leg_body(turn.body, prefill_params))
+    if deps.fabric is not None and prefill_params and ctx.prefill_url:
+        deps.fabric.note_read(engine.url, ctx.prefill_url)  # decode reads prefill's blocks (P->D)
     headers = legs.leg_headers(turn.request_id + (f"-d{attempt}" if attempt else ""), deps.engine_api_key)
     started = time.perf_counter()
     with pool.busy(engine):

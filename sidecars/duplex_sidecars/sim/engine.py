@@ -346,6 +346,7 @@ class Engine:
                     remote.agent_name, remote.agent_metadata, remote.base_addr, remote.num_blocks
                 )
             local = [block_ids[p] for p in plan.positions]
+            started = time.perf_counter()
             # NIXL hands the note to the owner once the READ is complete, which releases our claim there.
             nbytes = await self.transport.read(remote.agent_name, local, wanted, read_done_note(remote_request))
             read = True
@@ -353,6 +354,10 @@ class Engine:
             if not read:
                 await self.side.release(remote, remote_request)
         await _sleep(self.cfg.cost.transfer_seconds(nbytes))
+        # vLLM records a transfer on the side that initiates the READ: the time it took (with the simulated
+        # transfer cost) and its bytes.
+        self.metrics.xfer_time.observe(time.perf_counter() - started)
+        self.metrics.xfer_bytes.observe(nbytes)
         self.metrics.nixl_reads.inc()
         self.metrics.nixl_bytes_read.inc(nbytes)
         check = self.pool.verify(block_ids, chain, plan.start, plan.end)

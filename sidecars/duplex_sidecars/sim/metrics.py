@@ -11,6 +11,11 @@ _TTFT_BUCKETS = (
 )  # fmt: skip
 
 
+# vLLM's NIXL histograms (distributed/kv_transfer/kv_connector/v1/nixl/stats.py).
+_XFER_TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+_XFER_BYTES_BUCKETS = tuple(float(2 ** (10 + i)) for i in range(1, 25, 2))
+
+
 class SimMetrics:
     """One registry per engine, so several engines can live in one test process."""
 
@@ -48,6 +53,14 @@ class SimMetrics:
             "sim_corrupt_blocks", "Blocks read over NIXL whose bytes did not match their token prefix."
         ).labels(**labels)
         self.nixl_reads = counter("sim_nixl_reads", "NIXL READ transfers completed.").labels(**labels)
+        self.xfer_time = Histogram(
+            "vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.",
+            list(labels), buckets=_XFER_TIME_BUCKETS, registry=r,
+        ).labels(**labels)  # fmt: skip
+        self.xfer_bytes = Histogram(
+            "vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache transfers.",
+            list(labels), buckets=_XFER_BYTES_BUCKETS, registry=r,
+        ).labels(**labels)  # fmt: skip
         self.nixl_bytes_read = counter("sim_nixl_bytes_read", "Bytes read over NIXL.").labels(**labels)
         self.retained_blocks = Gauge(
             "sim_retained_blocks", "Blocks held for a remote reader (decode's TTL or prefill's lease).", list(labels),
