@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from duplex.api.spec import NEURON, DisaggregatedServingSpec
 from duplex.api.status import EffectiveKV
@@ -11,7 +11,7 @@ from duplex.api.status import EffectiveKV
 ROUTER_TTL_MARGIN = 30  # seconds the router's replay window stays below decode's block TTL by default
 
 
-def backend(spec: DisaggregatedServingSpec) -> str:
+def backend(spec: DisaggregatedServingSpec) -> Literal["UCX", "LIBFABRIC"]:
     if spec.kv_transfer.backend:
         return spec.kv_transfer.backend
     return "LIBFABRIC" if spec.network.efa.enabled else "UCX"

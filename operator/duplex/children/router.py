@@ -9,12 +9,13 @@ from duplex.api.quantity import quantity
 from duplex.api.spec import DisaggregatedServingSpec
 from duplex.children.engine import served_model_name
 from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, ROLE, ROLE_BINDING, SERVICE_ACCOUNT
-from duplex.children.kv_config import kv_transfer_config, router_ttl
+from duplex.children.kv_config import backend, kv_transfer_config, router_ttl
 from duplex.children.labels import HTTP_PORT, child_name, labels, selector
 from duplex_sidecars.router.config import (
     ClientLimitsConfig,
     ConversationConfig,
     EndpointSliceDiscovery,
+    FabricConfig,
     RouterConfig,
     StoreConfig,
     TimeoutsConfig,
@@ -72,6 +73,7 @@ def router_config(spec: DisaggregatedServingSpec, serving: str, namespace: str) 
         ),
         timeouts=TimeoutsConfig(replay_prefill_seconds=float(limits.replay_prefill_timeout)),
         served_model_names=[served_model_name(spec)],
+        fabric=FabricConfig(backend=backend(spec)),
     )
 
 

@@ -118,6 +118,17 @@ def test_router_json_models_and_body_limit() -> None:
     assert parsed_config().served_model_names == ["org/model"]
 
 
+def test_the_router_judges_the_fabric_by_the_engines_nixl_backend() -> None:
+    efa = {"network": {"efa": {"enabled": True}}, "prefill": {"memory": "256Gi"}, "decode": {"memory": "256Gi"}}
+    for patch, expected in ((None, "UCX"), (efa, "LIBFABRIC"), ({**efa, "kvTransfer": {"backend": "UCX"}}, "UCX")):
+        s = spec(patch)
+        assert (
+            parsed_config(patch).fabric.backend
+            == expected
+            == kv_transfer_config(s, "decode")["kv_connector_extra_config"]["backends"][0]
+        )
+
+
 def test_kv_transfer_files_show_what_each_role_runs() -> None:
     s = spec({"kvTransfer": {"recomputeThreshold": 9}})
     data = router_configmap(s, "demo", "ns1")["data"]
