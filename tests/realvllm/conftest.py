@@ -42,9 +42,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ours = [item for item in items if Path(str(item.fspath)).is_relative_to(here)]
     for item in ours:
         item.add_marker(pytest.mark.realvllm)
-    # A test that leaves a request stuck on prefill (rig.REPLAY_SECONDS: vLLM 0.32 leaves a failed read waiting) would slow every later test: run those last.
+    # This tier runs last in the session: its three engines live until the session ends, and no other tier should
+    # share the two cores with them. Within it, a test that leaves a request
+    # stuck on prefill (rig.REPLAY_SECONDS: vLLM 0.32 leaves a failed read waiting) runs last of all.
     stuck = [item for item in ours if item.get_closest_marker("leaves_prefill_stuck")]
-    items[:] = [item for item in items if item not in stuck] + stuck
+    rest = [item for item in ours if item not in stuck]
+    mine = set(map(id, ours))
+    items[:] = [item for item in items if id(item) not in mine] + rest + stuck
 
 
 def _in_ci() -> bool:

@@ -40,6 +40,10 @@ Handler = Callable[[Request], Awaitable[None]]
 ServerFactory = Callable[..., Awaitable[FrontServer]]
 
 
+# How long to wait for what must happen soon: generous, so that a loaded machine is no failure. It never bounds
+# what must not happen (those waits stay short and explicit).
+PATIENCE = 5.0
+
 SERVERS = {"duplex": FrontServer, "uvicorn": UvicornFront}
 
 # Where uvicorn, the reference, behaves otherwise on the same case (strict: a case that starts to pass must leave this
@@ -58,7 +62,6 @@ UVICORN_DIFFERS = {
     "test_stream_left_open_ends_with_the_connection": "the adapter ends an abandoned stream cleanly",
     "test_stream_failing_midway_is_cut_not_terminated": "the adapter ends a failed stream cleanly",
     "test_idle_connection_is_closed_after_idle_seconds": "keep-alive timeout in whole seconds",
-    "test_idle_time_counts_from_the_last_response": "keep-alive timeout in whole seconds",
     "test_stop_cancels_a_handler_that_outlives_the_grace": "graceful shutdown in whole seconds, at least 1",
     "test_a_trickled_request_meets_its_deadline": "no deadline for a request's head or body",
     "test_the_connection_cap_answers_503_and_keeps_serving_the_others": "its cap counts connections and tasks together",
@@ -119,9 +122,9 @@ class Client:
 
     async def send(self, data: bytes) -> None:
         self.writer.write(data)
-        await asyncio.wait_for(self.writer.drain(), 1.0)
+        await asyncio.wait_for(self.writer.drain(), PATIENCE)
 
-    async def reply(self, head_only: bool = False, timeout: float = 1.0) -> Reply:
+    async def reply(self, head_only: bool = False, timeout: float = PATIENCE) -> Reply:
         return await asyncio.wait_for(self._reply(head_only), timeout)
 
     async def _reply(self, head_only: bool) -> Reply:
@@ -281,7 +284,7 @@ async def test_header_value_with_a_line_break_never_reaches_the_wire(make_server
     server = await make_server(_respond_with_injected_header)
     client = await connect(server)
     await client.send(get())
-    everything = await asyncio.wait_for(client.reader.read(), 1.0)
+    everything = await asyncio.wait_for(client.reader.read(), PATIENCE)
     assert b"pwned" not in everything and b"X-Evil" not in everything
 
 
@@ -619,11 +622,11 @@ async def test_100_continue_for_a_pipelined_request_waits_for_the_response_befor
     server = await make_server(handler, max_body=max_body)
     client = await connect(server)
     await client.send(get("/stream"))
-    await asyncio.wait_for(client.reader.readuntil(b"5\r\nfirst\r\n"), 1.0)
+    await asyncio.wait_for(client.reader.readuntil(b"5\r\nfirst\r\n"), PATIENCE)
     await client.send(get("/up", b"Content-Length: 3", b"Expect: 100-continue", method=b"POST"))
     await until(lambda: heads == 2)
     release.set()
-    rest = await asyncio.wait_for(client.reader.readuntil(b"0\r\n\r\n"), 1.0)
+    rest = await asyncio.wait_for(client.reader.readuntil(b"0\r\n\r\n"), PATIENCE)
     assert rest == b"4\r\nlast\r\n0\r\n\r\n"  # the streamed response, uncorrupted
     assert (await client.reply()).status == 100
     await client.send(b"abc")
@@ -684,7 +687,7 @@ async def test_unterminated_header_line_over_the_limit_is_refused(make_server, c
     server = await make_server(echo)
     client = await connect(server)
     await client.send(b"GET / HTTP/1.1\r\nX-Big: " + b"v" * (4 * MAX_HEAD_BYTES))  # and the line goes on
-    reply = await client.reply(timeout=0.5)
+    reply = await client.reply(timeout=PATIENCE)
     assert reply.status == 431
     assert await client.closed()
 
@@ -728,7 +731,7 @@ async def test_stream_is_decoded_by_aiohttp_into_the_exact_concatenation(make_se
                 assert resp.status == 200
                 assert resp.headers["Transfer-Encoding"] == "chunked"
                 assert "Content-Length" not in resp.headers
-                assert await asyncio.wait_for(resp.read(), 1.0) == b"".join(pieces)
+                assert await asyncio.wait_for(resp.read(), PATIENCE) == b"".join(pieces)
 
 
 async def test_stream_framing_on_the_wire(make_server, connect):
@@ -761,12 +764,12 @@ async def test_stream_first_data_goes_out_with_the_head(make_server, connect):
     server = await make_server(handler)
     client = await connect(server)
     await client.send(get("/"))
-    head = await asyncio.wait_for(client.reader.readuntil(b"\r\n\r\n"), 1.0)
+    head = await asyncio.wait_for(client.reader.readuntil(b"\r\n\r\n"), PATIENCE)
     assert b"Transfer-Encoding: chunked\r\n" in head
-    first = await asyncio.wait_for(client.reader.readuntil(b"hello\r\n"), 1.0)  # while the handler still waits
+    first = await asyncio.wait_for(client.reader.readuntil(b"hello\r\n"), PATIENCE)  # while the handler still waits
     assert first == b"5\r\nhello\r\n"
     release.set()
-    assert await asyncio.wait_for(client.reader.readuntil(b"0\r\n\r\n"), 1.0) == b"3\r\nbye\r\n0\r\n\r\n"
+    assert await asyncio.wait_for(client.reader.readuntil(b"0\r\n\r\n"), PATIENCE) == b"3\r\nbye\r\n0\r\n\r\n"
 
 
 async def test_http10_stream_is_unframed_and_ends_with_the_connection(make_server, connect):
@@ -824,9 +827,9 @@ async def test_stream_left_open_ends_with_the_connection(make_server, connect):
     server = await make_server(handler)
     client = await connect(server)
     await client.send(get("/"))
-    head = await asyncio.wait_for(client.reader.readuntil(b"\r\n\r\n"), 1.0)
+    head = await asyncio.wait_for(client.reader.readuntil(b"\r\n\r\n"), PATIENCE)
     assert head.startswith(b"HTTP/1.1 200 ") and b"Connection: close" not in head
-    rest = await asyncio.wait_for(client.reader.read(), 1.0)  # to the end: no terminating chunk
+    rest = await asyncio.wait_for(client.reader.read(), PATIENCE)  # to the end: no terminating chunk
     assert rest == b"7\r\npartial\r\n"
 
 
@@ -839,7 +842,7 @@ async def test_stream_failing_midway_is_cut_not_terminated(make_server):
     async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{server.port}/") as resp:
         assert resp.status == 200
         with pytest.raises(aiohttp.ClientPayloadError):
-            await asyncio.wait_for(resp.read(), 1.0)
+            await asyncio.wait_for(resp.read(), PATIENCE)
 
 
 async def test_respond_twice_is_an_error_and_the_first_answer_stands(make_server, connect):
@@ -883,7 +886,7 @@ async def test_write_after_the_client_left_raises_client_gone(make_server, conne
     server = await make_server(handler)
     client = await connect(server)
     await client.send(get("/"))
-    await asyncio.wait_for(client.reader.readuntil(b"\r\n\r\n"), 1.0)
+    await asyncio.wait_for(client.reader.readuntil(b"\r\n\r\n"), PATIENCE)
     client.close()
     assert await asyncio.wait_for(outcome, 2.0) == "gone"
 
@@ -922,15 +925,15 @@ async def test_idle_connection_is_closed_after_idle_seconds(make_server, connect
 
 
 async def test_idle_time_counts_from_the_last_response(make_server, connect):
-    server = await make_server(echo, idle=0.2)
+    server = await make_server(echo, idle=1.0)
     client = await connect(server)
-    for _ in range(3):  # more than idle_seconds in all, less between requests
-        await asyncio.sleep(0.1)
+    for _ in range(4):  # more than idle_seconds in all, well under it between requests (even on a loaded machine)
+        await asyncio.sleep(0.3)
         await client.send(get("/"))
         assert (await client.reply()).status == 200
     t0 = time.monotonic()
-    assert await client.closed(1.0)
-    assert time.monotonic() - t0 >= 0.15
+    assert await client.closed(PATIENCE)
+    assert time.monotonic() - t0 >= 0.5
 
 
 async def test_a_handler_slower_than_idle_seconds_is_not_cut(make_server, connect):
@@ -976,7 +979,7 @@ async def test_stop_finishes_the_running_request_and_closes_idle_connections(mak
     await idle.reply(head_only=True)
     busy = await connect(server)
     await busy.send(get("/"))
-    await asyncio.wait_for(started.wait(), 1.0)
+    await asyncio.wait_for(started.wait(), PATIENCE)
     stopping = asyncio.create_task(server.stop(grace=2.0))
     assert await idle.closed(0.15)
     assert not finished  # the idle one went first
@@ -984,7 +987,7 @@ async def test_stop_finishes_the_running_request_and_closes_idle_connections(mak
         await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 1.0)
     reply = await busy.reply()
     assert (reply.status, reply.body) == (200, b"finished")
-    await asyncio.wait_for(stopping, 1.0)
+    await asyncio.wait_for(stopping, PATIENCE)
     assert await busy.closed()
 
 
@@ -1003,7 +1006,7 @@ async def test_stop_cancels_a_handler_that_outlives_the_grace(make_server, conne
     server = await make_server(handler)
     client = await connect(server)
     await client.send(get("/"))
-    await asyncio.wait_for(started.wait(), 1.0)
+    await asyncio.wait_for(started.wait(), PATIENCE)
     t0 = time.monotonic()
     await asyncio.wait_for(server.stop(grace=0.1), 1.5)
     assert time.monotonic() - t0 < 1.0
@@ -1014,7 +1017,7 @@ async def test_stop_cancels_a_handler_that_outlives_the_grace(make_server, conne
 # ---- flow control -----------------------------------------------------------------------------------------------
 
 
-async def stalled(progress: Callable[[], int], timeout: float = 1.0) -> None:
+async def stalled(progress: Callable[[], int], timeout: float = PATIENCE) -> None:
     """Wait until `progress()` has not moved for 50 ms."""
     last, still = -1, 0
     async with asyncio.timeout(timeout):

@@ -124,7 +124,7 @@ async def api(tmp_path):
     await server.server.close()
 
 
-async def eventually(predicate, timeout: float = 5.0) -> None:
+async def eventually(predicate, timeout: float = 20.0) -> None:
     for _ in range(int(timeout / 0.02)):
         if predicate():
             return

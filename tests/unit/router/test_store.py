@@ -58,7 +58,7 @@ async def store(request) -> AsyncIterator:
         yield MemoryStore(max_entries=100)
         return
     server = request.getfixturevalue("redis_server")
-    s = RedisStore(server.url, f"test:{time.monotonic_ns()}:", op_timeout=1.0, error_backoff=0.0)
+    s = RedisStore(server.url, f"test:{time.monotonic_ns()}:", op_timeout=10.0, error_backoff=0.0)
     yield s
     await s.close()
 
@@ -138,7 +138,7 @@ async def test_memory_sweep_stops_at_the_first_live_entry():
 
 @pytest.mark.redis
 async def test_redis_ttl(redis_server):
-    s = RedisStore(redis_server.url, "ttl:", op_timeout=1.0, error_backoff=0.0)
+    s = RedisStore(redis_server.url, "ttl:", op_timeout=10.0, error_backoff=0.0)
     try:
         await s.put("k", entry(), ttl=0.2)
         await asyncio.sleep(0.3)
@@ -156,8 +156,8 @@ async def test_redis_ttl(redis_server):
 
 @pytest.mark.redis
 async def test_two_clients_share_entries(redis_server):
-    a = RedisStore(redis_server.url, "shared:", op_timeout=1.0, error_backoff=0.0)
-    b = RedisStore(redis_server.url, "shared:", op_timeout=1.0, error_backoff=0.0)
+    a = RedisStore(redis_server.url, "shared:", op_timeout=10.0, error_backoff=0.0)
+    b = RedisStore(redis_server.url, "shared:", op_timeout=10.0, error_backoff=0.0)
     try:
         await a.put("k", entry(), ttl=60)
         assert (await b.take("k")) is not None
