@@ -31,6 +31,7 @@ from duplex_sidecars.router.errors import (
     send_router_error,
 )
 from duplex_sidecars.router.fabric import FabricWatch
+from duplex_sidecars.router.fabric_report import FabricReporter
 from duplex_sidecars.router.legs import make_engine_client, make_session
 from duplex_sidecars.router.metrics import RouterMetrics
 from duplex_sidecars.router.picker import decode_picker, prefill_picker
@@ -69,6 +70,7 @@ class Router:
         self.engine_client: EngineClient = make_engine_client(resolver)  # the legs
         self.prober: HealthProber | None = None
         self.fabric: FabricWatch | None = None
+        self.fabric_report: FabricReporter | None = None
         self.watcher: EndpointSliceWatcher | None = None
         self.pickers = {PREFILL: prefill_picker(config.placement), DECODE: decode_picker()}
         self.client_keys = ClientKeys(config.client_keys_dir) if config.client_keys_dir else None
@@ -127,6 +129,12 @@ class Router:
         self.fabric = FabricWatch(self.engines, self.session, self.metrics, fc.backend, fc.interval_seconds,
                                   self._probe_headers(), fc.floor_gbps, fc.min_read_bytes)  # fmt: skip
         self.fabric.start()
+        if fc.report is not None:
+            watch = self.fabric
+            self.fabric_report = FabricReporter(
+                fc.report, lambda: (watch.healthy, watch.message, watch.backend), fc.interval_seconds
+            )
+            await self.fabric_report.start()
         self.deps = self._deps()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._maintenance()))
@@ -137,6 +145,8 @@ class Router:
         await cancel_all(self._tasks)
         if self.prober is not None:
             await self.prober.stop()
+        if self.fabric_report is not None:
+            await self.fabric_report.stop()
         if self.fabric is not None:
             await self.fabric.stop()
         if self.watcher is not None:
@@ -203,6 +213,8 @@ class Router:
             self.store.max_entries = new.store.max_entries
             self.store.max_bytes = new.store.max_bytes
             self._show_store_bound()
+        if new.fabric != old.fabric:
+            log.warning("config: fabric watch changes take effect after a restart")
         self.engine_api_key = self._api_key(new)
         if new.client_keys_dir != old.client_keys_dir:
             self.client_keys = ClientKeys(new.client_keys_dir) if new.client_keys_dir else None

@@ -132,6 +132,20 @@ class PlacementConfig(_Strict):
     read_latency_ms: float = Field(2.0, ge=0, description="cost: the fixed part of a read (handshake, posting).")
 
 
+class FabricReportConfig(_Strict):
+    """Where the router publishes its fabric verdict for the operator's KVTransferHealthy condition: its own key in
+    one ConfigMap that the operator owns (router/fabric_report.py)."""
+
+    namespace: str
+    config_map: str = Field(description="The ConfigMap; the router's Role may patch this one object only.")
+    pod_name_env: str = Field("POD_NAME", description="Environment variable holding this router's pod name (its key).")
+    heartbeat_seconds: float = Field(
+        120.0, gt=0, description="A verdict that has not changed is written again this often, so that a report "
+        "the operator reads is never older than this (it treats reports older than 5 heartbeats as gone).",
+    )  # fmt: skip
+    kubeconfig: str | None = Field(None, description="Kubeconfig file; unset means the in-cluster service account.")
+
+
 class FabricConfig(_Strict):
     """The engines' NIXL counters, read off their /metrics: the bandwidth KV reads get, and whether it is what the
     backend promises (router/fabric.py)."""
@@ -146,6 +160,7 @@ class FabricConfig(_Strict):
         32 * 2**20, ge=0, description="Reads smaller than this on average measure latency, not bandwidth: they are "
         "not held to the floor.",
     )  # fmt: skip
+    report: FabricReportConfig | None = Field(None, description="Publish the verdict for the operator.")
 
 
 class HealthCheckConfig(_Strict):

@@ -1,0 +1,115 @@
+"""The router's fabric verdict (router/fabric.py), published where the operator reads it: this pod's key in the
+DisaggregatedServing's `<name>-fabric` ConfigMap, which the operator owns and the router's Role may patch (that one
+object, nothing else). The operator turns the reports into the KVTransferHealthy condition.
+
+A report is written when the verdict flips and again every heartbeat, so a router that died leaves a report that
+ages out instead of one that stays healthy for ever. Writes are JSON merge patches of the router's own key: routers
+never overwrite each other, and the operator's server-side apply of the ConfigMap leaves keys it does not own alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import logging
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from duplex_sidecars.router.config import FabricReportConfig
+from duplex_sidecars.router.endpointslices import ApiAccess
+
+log = logging.getLogger(__name__)
+
+Verdict = Callable[[], tuple[bool, str, str]]  # (healthy, message, backend)
+
+
+def report_of(healthy: bool, message: str, backend: str, at: datetime.datetime) -> dict[str, Any]:
+    """One router's report, as the operator parses it (duplex.status.kv_transfer)."""
+    return {"healthy": healthy, "message": message, "backend": backend, "at": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def patch_body(key: str, report: dict[str, Any]) -> dict[str, Any]:
+    return {"data": {key: json.dumps(report, sort_keys=True)}}
+
+
+class FabricReporter:
+    """Publishes `verdict()` under this pod's key: on a flip of `healthy` and every heartbeat."""
+
+    def __init__(
+        self, config: FabricReportConfig, verdict: Verdict, check_every: float, access: ApiAccess | None = None
+    ):
+        self.config = config
+        self.key = os.environ.get(config.pod_name_env) or socket.gethostname()
+        self._verdict = verdict
+        self._check_every = min(check_every, config.heartbeat_seconds)
+        self._access = access
+        self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.published: bool | None = None  # the `healthy` last written
+        self.writes = 0
+        self.failing = False
+
+    def _url(self) -> str:
+        assert self._access is not None
+        ns, name = quote(self.config.namespace, safe=""), quote(self.config.config_map, safe="")
+        return f"{self._access.base}/api/v1/namespaces/{ns}/configmaps/{name}"
+
+    async def publish(self) -> bool:
+        """Write the current verdict now; False (logged once per outage) if the API server refused or was away."""
+        healthy, message, backend = self._verdict()
+        body = patch_body(self.key, report_of(healthy, message, backend, datetime.datetime.now(datetime.UTC)))
+        assert self._session is not None and self._access is not None
+        headers = {**self._access.headers(), "Content-Type": "application/merge-patch+json"}
+        try:
+            async with self._session.patch(self._url(), json=body, headers=headers,
+                                           timeout=aiohttp.ClientTimeout(total=10)) as resp:  # fmt: skip
+                if resp.status >= 300:
+                    raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
+        except (aiohttp.ClientError, TimeoutError, OSError, RuntimeError) as err:
+            if not self.failing:
+                log.warning("fabric report to configmap %s/%s failed: %s", self.config.namespace,
+                            self.config.config_map, err)  # fmt: skip
+            self.failing = True
+            return False
+        if self.failing:
+            log.info("fabric report to configmap %s/%s works again", self.config.namespace, self.config.config_map)
+        self.failing = False
+        self.published = healthy
+        self.writes += 1
+        return True
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        last = -float("inf")
+        while True:
+            healthy = self._verdict()[0]
+            due = loop.time() - last >= self.config.heartbeat_seconds
+            if (due or healthy != self.published or self.failing) and await self.publish():
+                last = loop.time()
+            await asyncio.sleep(self._check_every)
+
+    async def start(self) -> None:
+        if self._access is None:
+            cfg = self.config
+            self._access = ApiAccess.from_kubeconfig(cfg.kubeconfig) if cfg.kubeconfig else ApiAccess.in_cluster()
+        ssl = self._access.ssl_context if self._access.ssl_context is not None else True
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl))
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
