@@ -12,7 +12,7 @@ from duplex.api.naming import NAME_RULE
 from duplex.api.rules import RuleViolation
 from duplex.api.spec import DisaggregatedServingSpec
 from duplex.children.engine import ROLES, engine_deployment
-from duplex.children.router import router_configmap, router_deployment, router_rbac
+from duplex.children.router import fabric_configmap, router_configmap, router_deployment, router_rbac
 from duplex.children.services import engine_service, router_service
 
 
@@ -95,7 +95,7 @@ def parse(doc: dict[str, Any], default_namespace: str = "default") -> Serving:
 def desired_children(serving: Serving) -> list[dict[str, Any]]:
     """Every object the operator owns for this serving, in apply order (RBAC and config before workloads)."""
     spec, name, ns = serving.spec, serving.name, serving.namespace
-    objs: list[dict[str, Any]] = [*router_rbac(name, ns), router_configmap(spec, name, ns)]
+    objs: list[dict[str, Any]] = [*router_rbac(name, ns), router_configmap(spec, name, ns), fabric_configmap(name, ns)]
     for role in ROLES:
         objs.append(engine_service(spec, name, ns, role))
     objs.append(router_service(spec, name, ns))

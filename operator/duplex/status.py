@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -18,8 +19,44 @@ ROLE_CONDITIONS = {"prefill": "PrefillReady", "decode": "DecodeReady", "router":
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 
+# A router writes its fabric report every heartbeat (router config fabric.report.heartbeat_seconds, 120 s rendered);
+# one older than five of them is from a router that is gone or cut off from the API server.
+REPORT_MAX_AGE_SECONDS = 600
+
+
 def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _time(stamp: str) -> datetime.datetime:
+    return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+
+
+def kv_transfer(reports: Mapping[str, str], at: str) -> tuple[ConditionStatus, str, str]:
+    """KVTransferHealthy from the routers' fabric reports (router pod -> JSON, router/fabric_report.py): False if
+    any fresh report is unhealthy, True if fresh reports have measured reads and all are healthy, else Unknown."""
+    fresh: list[tuple[str, dict[str, Any]]] = []
+    for pod, raw in sorted(reports.items()):
+        try:
+            report = json.loads(raw)
+            age = (_time(at) - _time(report["at"])).total_seconds()
+            healthy, measured, message = report["healthy"], report.get("measured", True), str(report["message"])
+        except (ValueError, KeyError, TypeError):
+            continue  # not a report: whatever else sits in the ConfigMap is not ours to judge
+        if age <= REPORT_MAX_AGE_SECONDS and isinstance(healthy, bool):
+            fresh.append((pod, {"healthy": healthy, "measured": measured is True, "message": message}))
+    if not fresh:
+        minutes = REPORT_MAX_AGE_SECONDS // 60
+        return "Unknown", "NoReports", f"no router has reported on KV transfers in the last {minutes} minutes"
+    bad = [(pod, r) for pod, r in fresh if not r["healthy"]]
+    if bad:
+        pod, report = bad[0]
+        more = f" (and {len(bad) - 1} more routers)" if len(bad) > 1 else ""
+        return "False", "TransfersDegraded", f"router {pod}: {report['message']}{more}"
+    measured = [(pod, r) for pod, r in fresh if r["measured"]]
+    if not measured:
+        return "Unknown", "NotMeasured", "no KV transfer measured yet"
+    return "True", "TransfersHealthy", measured[0][1]["message"]
 
 
 def role_status(desired: int, deployment: Mapping[str, Any] | None) -> RoleStatus:
@@ -79,10 +116,13 @@ def compute(
     deployments: Mapping[str, Mapping[str, Any] | None],
     previous: DisaggregatedServingStatus | None,
     at: str | None = None,
+    fabric_reports: Mapping[str, str] | None = None,
 ) -> DisaggregatedServingStatus:
-    """The parent's status; `deployments` maps prefill/decode/router to the observed Deployment (or None)."""
+    """The parent's status; `deployments` maps prefill/decode/router to the observed Deployment (or None),
+    `fabric_reports` is the data of the fabric ConfigMap the routers write."""
     spec, gen = serving.spec, serving.generation
-    condition = _Conditions(previous, gen, at or now())
+    at = at or now()
+    condition = _Conditions(previous, gen, at)
     desired = {"prefill": spec.prefill.replicas, "decode": spec.decode.replicas, "router": spec.router.replicas}
     roles = {w: role_status(desired[w], deployments.get(w)) for w in WORKLOADS}
     role_conditions = []
@@ -106,6 +146,7 @@ def compute(
             "RollingOut" if rolling else "Stable",
             f"rolling out: {', '.join(rolling)}" if rolling else "all workloads on the current spec",
         ),
+        condition("KVTransferHealthy", *kv_transfer(fabric_reports or {}, at)),
     ]
     return DisaggregatedServingStatus(
         observed_generation=gen,

@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from duplex import status as status_of
 from duplex.api.status import DisaggregatedServingStatus
-from duplex.children.kinds import DEPLOYMENT, apply_rank
+from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, apply_rank
+from duplex.children.router import fabric_configmap_name
 from duplex.converge import key, plan, with_owner
 from duplex.render import InvalidSpec, Serving, desired_children, parse
 
@@ -68,7 +69,7 @@ def sync(
     to_apply, to_delete = _changes(desired, observed, meta["uid"])
 
     # 4. Status from the observed Deployments; the next pass sees what this one's writes did.
-    new = status_of.compute(serving, _deployments(serving, observed), last, at)
+    new = status_of.compute(serving, _deployments(serving, observed), last, at, _fabric_reports(serving, observed))
     write = status_of.differs(previous, status_of.patch_body(new))
 
     # 5. Events: what changed, and whether Ready flipped.
@@ -123,6 +124,14 @@ def _deployments(serving: Serving, observed: Sequence[Mapping[str, Any]]) -> dic
         workload: by_key.get((DEPLOYMENT.api_version, DEPLOYMENT.kind, name))
         for workload, name in status_of.deployment_names(serving).items()
     }
+
+
+def _fabric_reports(serving: Serving, observed: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    name = fabric_configmap_name(serving.name)
+    for o in observed:
+        if o.get("kind") == CONFIG_MAP.kind and (o.get("metadata") or {}).get("name") == name:
+            return dict(o.get("data") or {})
+    return {}
 
 
 def _ref(obj: Mapping[str, Any]) -> str:

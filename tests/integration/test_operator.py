@@ -4,11 +4,14 @@ deletion while the operator is down (no finalizer), API error classification, an
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
+import os
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +34,8 @@ from duplex.children.kinds import CHILD_KINDS, CONFIG_MAP
 from duplex.handlers import LEGACY_FINALIZER
 from duplex.kube import Kube
 from duplex.permissions import required
+from duplex_sidecars.router.config import FabricReportConfig
+from duplex_sidecars.router.fabric_report import FabricReporter
 
 pytestmark = pytest.mark.cluster
 
@@ -116,7 +121,7 @@ EXPECTED_CHILDREN = {
     "serviceaccount": ["qwen3-32b-router"],
     "role": ["qwen3-32b-router"],
     "rolebinding": ["qwen3-32b-router"],
-    "configmap": ["qwen3-32b-router"],
+    "configmap": ["qwen3-32b-fabric", "qwen3-32b-router"],
     "service": ["qwen3-32b-decode", "qwen3-32b-prefill", "qwen3-32b-router"],
     "deployment": ["qwen3-32b-decode", "qwen3-32b-prefill", "qwen3-32b-router"],
 }
@@ -597,3 +602,58 @@ def test_operator_identity_is_least_privilege(op, cluster, kubectl):
     for verb, resource_ in denied:
         with pytest.raises(AssertionError):
             as_operator("auth", "can-i", verb, resource_, "-A")
+
+
+def test_a_router_fabric_report_becomes_kv_transfer_healthy(op, kubectl, namespace, wait_for, tmp_path):
+    """A report written as the router writes it, under the identity the operator rendered for the router (its
+    ServiceAccount's token, its Role), turns into the KVTransferHealthy condition; the operator's applies leave it."""
+    kubectl.apply(seed(namespace))
+    wait_for(lambda: is_ready(kubectl, namespace), timeout=120, what="Ready=True")
+    assert condition(get_dsv(kubectl, namespace), "KVTransferHealthy")["reason"] == "NoReports"
+
+    token = kubectl("-n", namespace, "create", "token", "qwen3-32b-router").strip()
+    as_router = yaml.safe_load(Path(kubectl.kubeconfig).read_text())
+    as_router["users"] = [{"name": "router", "user": {"token": token}}]
+    as_router["contexts"] = [{"name": "r", "context": {"cluster": as_router["clusters"][0]["name"], "user": "router"}}]
+    as_router["current-context"] = "r"
+    kubeconfig = tmp_path / "router.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(as_router))
+    router_json = json.loads(
+        kubectl.json("-n", namespace, "get", "configmap", "qwen3-32b-router")["data"]["router.json"]
+    )
+    report = FabricReportConfig.model_validate({**router_json["fabric"]["report"], "kubeconfig": str(kubeconfig)})
+    slow = "KV transfers at 0.08 GB/s on prefill http://10.1.2.3:8000, below the 1 GB/s expected of LIBFABRIC"
+    verdict = {"healthy": False, "measured": True, "message": slow, "backend": "LIBFABRIC"}
+
+    async def publish() -> bool:
+        reporter = FabricReporter(report, lambda: verdict, check_every=3600)
+        await reporter.start()
+        try:
+            return await reporter.publish()
+        finally:
+            await reporter.stop()
+
+    os.environ[report.pod_name_env] = "qwen3-32b-router-abc12"
+    try:
+        assert asyncio.run(publish())
+    finally:
+        del os.environ[report.pod_name_env]
+
+    def degraded() -> bool:
+        c = condition(get_dsv(kubectl, namespace), "KVTransferHealthy")
+        return bool(c and c["status"] == "False")
+
+    wait_for(degraded, timeout=60, what="KVTransferHealthy=False")
+    c = condition(get_dsv(kubectl, namespace), "KVTransferHealthy")
+    assert c["reason"] == "TransfersDegraded" and c["message"] == f"router qwen3-32b-router-abc12: {slow}"
+    assert condition(get_dsv(kubectl, namespace), "Ready")["status"] == "True"
+
+    # The operator re-applies the ConfigMap (it looks missing without the label its watch selects on); the report,
+    # a field of the router's writes, stays.
+    kubectl("-n", namespace, "label", "configmap", "qwen3-32b-fabric", "app.kubernetes.io/managed-by-")
+
+    def fabric() -> dict[str, Any]:
+        return kubectl.json("-n", namespace, "get", "configmap", "qwen3-32b-fabric")
+
+    wait_for(lambda: fabric()["metadata"]["labels"].get("app.kubernetes.io/managed-by") == "duplex", timeout=60)
+    assert json.loads(fabric()["data"]["qwen3-32b-router-abc12"])["message"] == slow

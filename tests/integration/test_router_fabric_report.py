@@ -64,7 +64,11 @@ async def test_the_router_reports_its_fabric_verdict_into_its_one_configmap(kube
     verdict = [True, "KV transfers at 2.10-2.40 GB/s (LIBFABRIC)"]
     config = FabricReportConfig(namespace=namespace, config_map="qwen-fabric", kubeconfig=str(kubeconfig),
                                 heartbeat_seconds=600)  # fmt: skip
-    reporter = FabricReporter(config, lambda: (verdict[0], verdict[1], "LIBFABRIC"), check_every=0.1)
+    reporter = FabricReporter(
+        config,
+        lambda: {"healthy": verdict[0], "measured": True, "message": verdict[1], "backend": "LIBFABRIC"},
+        check_every=0.1,
+    )
     await reporter.start()
     try:
 
@@ -77,7 +81,12 @@ async def test_the_router_reports_its_fabric_verdict_into_its_one_configmap(kube
 
         await until(lambda: reporter.writes == 1, "the first report")
         first = reports(kubectl, namespace, "qwen-fabric")["qwen-router-abc"]
-        assert first["healthy"] is True and first["backend"] == "LIBFABRIC" and first["at"].endswith("Z")
+        assert (
+            first["healthy"] is True
+            and first["measured"] is True
+            and first["backend"] == "LIBFABRIC"
+            and first["at"].endswith("Z")
+        )
 
         verdict[:] = [False, "KV transfers at 0.30 GB/s on prefill http://10.0.0.1:8000: TCP fallback?"]
         await until(lambda: reporter.writes == 2, "the flip to be written")
@@ -92,7 +101,7 @@ async def test_the_router_reports_its_fabric_verdict_into_its_one_configmap(kube
 
     # The same identity cannot touch any other ConfigMap.
     other = FabricReportConfig(namespace=namespace, config_map="unrelated", kubeconfig=str(kubeconfig))
-    outsider = FabricReporter(other, lambda: (True, "", "UCX"), check_every=60, access=ApiAccess.from_kubeconfig(
+    outsider = FabricReporter(other, lambda: {"healthy": True, "measured": False, "message": "", "backend": "UCX"}, check_every=60, access=ApiAccess.from_kubeconfig(
         str(kubeconfig)))  # fmt: skip
     await outsider.start()
     try:

@@ -16,6 +16,7 @@ from duplex_sidecars.router.config import (
     ConversationConfig,
     EndpointSliceDiscovery,
     FabricConfig,
+    FabricReportConfig,
     RouterConfig,
     StoreConfig,
     TimeoutsConfig,
@@ -26,11 +27,26 @@ CONFIG_KEY = "router.json"
 STORE_MEMORY_SHARE = 0.6
 CONFIG_DIR = "/etc/duplex"
 REDIS_URL_ENV = "DUPLEX_REDIS_URL"
-# All the router may do with the API: follow the engines' EndpointSlices. The operator must hold these rights itself
-# to grant them (RBAC refuses escalation), so its ClusterRole is checked against this too.
+POD_NAME_ENV = "POD_NAME"
+# All the router may do with the API: follow the engines' EndpointSlices, and patch its serving's fabric ConfigMap
+# (that one object: router_rbac names it). The operator must hold these rights itself to grant them (RBAC refuses
+# escalation), so its ClusterRole is checked against this too.
 ROUTER_RULES: tuple[dict[str, list[str]], ...] = (
     {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["patch"]},
 )
+
+
+def fabric_configmap_name(serving: str) -> str:
+    return child_name(serving, "fabric")
+
+
+def fabric_configmap(serving: str, namespace: str) -> dict[str, Any]:
+    """Where each router pod reports its fabric verdict (router/fabric_report.py): the operator owns the object and
+    never writes its data, so server-side apply leaves the routers' keys alone; status.kv_transfer reads them."""
+    return CONFIG_MAP.manifest(
+        {"name": fabric_configmap_name(serving), "namespace": namespace, "labels": labels(serving, "router")}
+    )
 
 
 def router_config(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> RouterConfig:
@@ -73,7 +89,12 @@ def router_config(spec: DisaggregatedServingSpec, serving: str, namespace: str) 
         ),
         timeouts=TimeoutsConfig(replay_prefill_seconds=float(limits.replay_prefill_timeout)),
         served_model_names=[served_model_name(spec)],
-        fabric=FabricConfig(backend=backend(spec)),
+        fabric=FabricConfig(
+            backend=backend(spec),
+            report=FabricReportConfig(
+                namespace=namespace, config_map=fabric_configmap_name(serving), pod_name_env=POD_NAME_ENV
+            ),
+        ),
     )
 
 
@@ -94,7 +115,7 @@ def router_configmap(spec: DisaggregatedServingSpec, serving: str, namespace: st
 def router_deployment(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> dict[str, Any]:
     router = spec.router
     name = child_name(serving, "router")
-    env: list[dict[str, Any]] = []
+    env: list[dict[str, Any]] = [{"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
     if router.store.redis and router.store.redis.url_secret:
         ref = router.store.redis.url_secret
         env.append({"name": REDIS_URL_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
@@ -144,12 +165,18 @@ def router_deployment(spec: DisaggregatedServingSpec, serving: str, namespace: s
 
 
 def router_rbac(serving: str, namespace: str) -> list[dict[str, Any]]:
-    """A ServiceAccount that may only read EndpointSlices in its own namespace."""
+    """A ServiceAccount that may only read EndpointSlices in its own namespace and patch its fabric ConfigMap."""
     name = child_name(serving, "router")
     meta = {"name": name, "namespace": namespace, "labels": labels(serving, "router")}
+    rules = []
+    for rule in ROUTER_RULES:
+        rendered = {k: list(v) for k, v in rule.items()}
+        if rule["resources"] == ["configmaps"]:
+            rendered["resourceNames"] = [fabric_configmap_name(serving)]
+        rules.append(rendered)
     return [
         SERVICE_ACCOUNT.manifest(dict(meta)),
-        ROLE.manifest(dict(meta), rules=[{k: list(v) for k, v in rule.items()} for rule in ROUTER_RULES]),
+        ROLE.manifest(dict(meta), rules=rules),
         ROLE_BINDING.manifest(
             dict(meta),
             roleRef={"apiGroup": ROLE.group, "kind": ROLE.kind, "name": name},

@@ -130,10 +130,7 @@ class Router:
                                   self._probe_headers(), fc.floor_gbps, fc.min_read_bytes)  # fmt: skip
         self.fabric.start()
         if fc.report is not None:
-            watch = self.fabric
-            self.fabric_report = FabricReporter(
-                fc.report, lambda: (watch.healthy, watch.message, watch.backend), fc.interval_seconds
-            )
+            self.fabric_report = FabricReporter(fc.report, self.fabric.verdict, fc.interval_seconds)
             await self.fabric_report.start()
         self.deps = self._deps()
         loop = asyncio.get_running_loop()

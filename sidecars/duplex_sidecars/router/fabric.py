@@ -157,6 +157,11 @@ class FabricWatch:
             for owner in read_from:
                 self._metrics.kv_pair_bandwidth.labels(engine.url, owner).set(engine.gbps * 1e9)
 
+    def verdict(self) -> dict[str, Any]:
+        """What the router reports to the operator (router/fabric_report.py)."""
+        measured = any(e.gbps is not None for e in self.state.values())
+        return {"healthy": self.healthy, "measured": measured, "message": self.message, "backend": self.backend}
+
     def describe(self) -> dict[str, Any]:
         return {"healthy": self.healthy, "message": self.message, "backend": self.backend,
                 "engines": [e.describe() for e in self.state.values()]}  # fmt: skip

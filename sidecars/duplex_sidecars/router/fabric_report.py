@@ -26,12 +26,13 @@ from duplex_sidecars.router.endpointslices import ApiAccess
 
 log = logging.getLogger(__name__)
 
-Verdict = Callable[[], tuple[bool, str, str]]  # (healthy, message, backend)
+# The verdict now: {"healthy": bool, "measured": bool (any read seen yet), "message": str, "backend": str}.
+Verdict = Callable[[], dict[str, Any]]
 
 
-def report_of(healthy: bool, message: str, backend: str, at: datetime.datetime) -> dict[str, Any]:
+def report_of(verdict: dict[str, Any], at: datetime.datetime) -> dict[str, Any]:
     """One router's report, as the operator parses it (duplex.status.kv_transfer)."""
-    return {"healthy": healthy, "message": message, "backend": backend, "at": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    return {**verdict, "at": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
 def patch_body(key: str, report: dict[str, Any]) -> dict[str, Any]:
@@ -62,8 +63,8 @@ class FabricReporter:
 
     async def publish(self) -> bool:
         """Write the current verdict now; False (logged once per outage) if the API server refused or was away."""
-        healthy, message, backend = self._verdict()
-        body = patch_body(self.key, report_of(healthy, message, backend, datetime.datetime.now(datetime.UTC)))
+        verdict = self._verdict()
+        body = patch_body(self.key, report_of(verdict, datetime.datetime.now(datetime.UTC)))
         assert self._session is not None and self._access is not None
         headers = {**self._access.headers(), "Content-Type": "application/merge-patch+json"}
         try:
@@ -80,7 +81,7 @@ class FabricReporter:
         if self.failing:
             log.info("fabric report to configmap %s/%s works again", self.config.namespace, self.config.config_map)
         self.failing = False
-        self.published = healthy
+        self.published = verdict["healthy"]
         self.writes += 1
         return True
 
@@ -88,7 +89,7 @@ class FabricReporter:
         loop = asyncio.get_running_loop()
         last = -float("inf")
         while True:
-            healthy = self._verdict()[0]
+            healthy = self._verdict()["healthy"]
             due = loop.time() - last >= self.config.heartbeat_seconds
             if (due or healthy != self.published or self.failing) and await self.publish():
                 last = loop.time()

@@ -21,6 +21,7 @@ ALL = [
     "Role/demo-router",
     "RoleBinding/demo-router",
     "ConfigMap/demo-router",
+    "ConfigMap/demo-fabric",
     "Service/demo-prefill",
     "Service/demo-decode",
     "Service/demo-router",

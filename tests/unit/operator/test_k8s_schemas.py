@@ -164,7 +164,7 @@ def test_variants_validate(variant: str) -> None:
     objs = desired_children(
         parse(doc(merge({"model": {"name": "org/model"}}, VARIANTS[variant]), name="v", namespace="team-a"))
     )
-    assert len(objs) == 10
+    assert len(objs) == 11
     validate_all(objs)
 
 

@@ -23,6 +23,7 @@ KINDS = [
     "Role",
     "RoleBinding",
     "ConfigMap",
+    "ConfigMap",
     "Service",
     "Service",
     "Service",
@@ -92,6 +93,7 @@ def test_example_renders_the_expected_objects_in_apply_order(example: Path, caps
         ("Role", f"{name}-router"),
         ("RoleBinding", f"{name}-router"),
         ("ConfigMap", f"{name}-router"),
+        ("ConfigMap", f"{name}-fabric"),
         ("Service", f"{name}-prefill"),
         ("Service", f"{name}-decode"),
         ("Service", f"{name}-router"),
@@ -186,11 +188,11 @@ def test_several_servings_in_one_file(tmp_path: Path, capsys: pytest.CaptureFixt
         [load(SEED), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}, load(TRAINIUM), None],
     )
     objs = render_file(path, capsys)
-    assert len(objs) == 20
-    assert [o["metadata"]["name"] for o in objs[:10]] == [
+    assert len(objs) == 22
+    assert [o["metadata"]["name"] for o in objs[:11]] == [
         o["metadata"]["name"] for o in desired_children(parse(load(SEED)))
     ]
-    assert objs[10]["metadata"]["name"] == "llama-70b-trn2-router"
+    assert objs[11]["metadata"]["name"] == "llama-70b-trn2-router"
     assert not any(o["kind"] == "Namespace" for o in objs)
 
 
@@ -283,4 +285,4 @@ def test_output_is_the_yaml_stream_of_the_children(capsys: pytest.CaptureFixture
     assert code == 0
     assert out == dump_all(desired_children(parse(load(SEED))))
     assert "&id" not in out and "*id" not in out  # no YAML aliases
-    assert out.count("\n---\n") == 9
+    assert out.count("\n---\n") == 10

@@ -15,6 +15,7 @@ from duplex.children.router import (
     CONFIG_DIR,
     CONFIG_KEY,
     REDIS_URL_ENV,
+    fabric_configmap,
     router_config,
     router_configmap,
     router_deployment,
@@ -109,7 +110,7 @@ def test_router_json_redis_url_from_secret_never_holds_the_url() -> None:
 
 def test_no_redis_env_without_a_secret() -> None:
     for patch in (None, REDIS_URL):
-        assert container(router_deployment(spec(patch), "demo", "ns1"))["env"] == []
+        assert REDIS_URL_ENV not in env_map(container(router_deployment(spec(patch), "demo", "ns1")))
 
 
 def test_router_json_models_and_body_limit() -> None:
@@ -234,13 +235,28 @@ def test_rbac_objects() -> None:
     assert (binding["apiVersion"], binding["kind"]) == ("rbac.authorization.k8s.io/v1", "RoleBinding")
 
 
-def test_role_grants_only_reading_endpointslices() -> None:
+def test_role_grants_reading_endpointslices_and_patching_its_fabric_configmap_only() -> None:
     _, role, _ = router_rbac("qwen", "inference")
     assert role["rules"] == [
-        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["patch"], "resourceNames": ["qwen-fabric"]},
     ]
-    verbs = {v for r in role["rules"] for v in r["verbs"]}
-    assert not verbs & {"create", "update", "patch", "delete", "deletecollection", "*"}
+    writes = [r for r in role["rules"] if set(r["verbs"]) & {"create", "update", "patch", "delete", "deletecollection"}]
+    assert all(r.get("resourceNames") == ["qwen-fabric"] for r in writes)
+    assert not any("*" in r["verbs"] or "*" in r["resources"] for r in role["rules"])
+
+
+def test_the_router_reports_the_fabric_into_the_configmap_its_role_names() -> None:
+    cm = router_configmap(spec(None), "qwen", "inference")
+    report = RouterConfig.model_validate_json(cm["data"][CONFIG_KEY]).fabric.report
+    assert report is not None and (report.namespace, report.config_map) == ("inference", "qwen-fabric")
+    env = env_map(container(router_deployment(spec(None), "qwen", "inference")))
+    assert env[report.pod_name_env] == {
+        "name": report.pod_name_env,
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+    }
+    fabric = fabric_configmap("qwen", "inference")
+    assert fabric["metadata"]["name"] == "qwen-fabric" and "data" not in fabric
 
 
 def test_binding_ties_the_service_account_to_the_role() -> None:

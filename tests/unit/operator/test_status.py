@@ -4,6 +4,7 @@ spec; differs() for write avoidance."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -80,6 +81,7 @@ def test_all_ready_and_updated_is_ready() -> None:
         "DecodeReady",
         "RouterReady",
         "Progressing",
+        "KVTransferHealthy",
     ]
     assert set(c) == set(CONDITION_TYPES)
     assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("True", "AllComponentsReady")
@@ -318,3 +320,56 @@ def test_deployment_names() -> None:
         "decode": "qwen-decode",
         "router": "qwen-router",
     }
+
+
+# --- KVTransferHealthy ------------------------------------------------------------------------------------------
+
+AT = "2026-01-01T00:10:00Z"
+
+
+def report(healthy: bool, message: str = "KV transfers at 2.00-2.50 GB/s (LIBFABRIC)", at: str = "2026-01-01T00:09:00Z",
+           measured: bool = True) -> str:  # fmt: skip
+    return json.dumps({"healthy": healthy, "measured": measured, "message": message, "backend": "LIBFABRIC", "at": at})
+
+
+SLOW = (
+    "KV transfers at 0.30 GB/s on prefill http://10.0.0.1:8000, below the 1 GB/s expected of LIBFABRIC: TCP fallback?"
+)
+
+
+@pytest.mark.parametrize(
+    ("reports", "expected"),
+    [
+        ({}, ("Unknown", "NoReports")),
+        ({"r-1": report(True, at="2026-01-01T00:00:00Z")}, ("True", "TransfersHealthy")),  # exactly the max age
+        ({"r-1": report(False, SLOW, at="2025-12-31T23:59:59Z")}, ("Unknown", "NoReports")),  # too old to count
+        ({"r-1": report(True, "no KV transfers measured yet", measured=False)}, ("Unknown", "NotMeasured")),
+        ({"r-1": report(True), "r-2": report(False, SLOW)}, ("False", "TransfersDegraded")),
+        ({"r-1": report(True), "r-2": report(True, measured=False)}, ("True", "TransfersHealthy")),
+        ({"r-1": "not json", "r-2": json.dumps({"healthy": "yes"}), "r-3": report(True)}, ("True", "TransfersHealthy")),
+    ],
+    ids=[
+        "none",
+        "fresh and healthy",
+        "stale",
+        "nothing measured",
+        "one router sees it slow",
+        "one measured",
+        "junk ignored",
+    ],
+)
+def test_kv_transfer_healthy_from_the_routers_reports(reports: dict[str, str], expected: tuple[str, str]) -> None:
+    got = status.kv_transfer(reports, AT)
+    assert got[:2] == expected
+    if expected[1] == "TransfersDegraded":
+        assert got[2] == f"router r-2: {SLOW}"
+
+
+def test_the_condition_names_the_router_and_carries_its_message() -> None:
+    st = status.patch_body(
+        status.compute(SERVING, all_ready(), None, AT, {"q-router-1": report(False, SLOW), "q-router-2": report(False)})
+    )
+    c = conds(st)["KVTransferHealthy"]
+    assert (c["status"], c["reason"]) == ("False", "TransfersDegraded")
+    assert c["message"] == f"router q-router-1: {SLOW} (and 1 more routers)"
+    assert conds(st)["Ready"]["status"] == "True", "transfer health is reported beside readiness, not folded into it"
