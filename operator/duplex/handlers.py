@@ -46,7 +46,10 @@ def owner_uids(meta: Mapping[str, Any]) -> list[str]:
 
 def _cached(body: kopf.Body) -> dict[str, Any]:
     """A plain copy of an object for the indices; managedFields are large and never read."""
-    obj = copy.deepcopy({k: body[k] for k in body})
+    # A Secret's data is never read (the engine key stays out of the operator's memory).
+    obj = copy.deepcopy(
+        {k: body[k] for k in body if not (body.get("kind") == "Secret" and k in ("data", "stringData"))}
+    )
     obj.get("metadata", {}).pop("managedFields", None)
     return obj
 

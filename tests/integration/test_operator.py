@@ -4,6 +4,7 @@ deletion while the operator is down (no finalizer), API error classification, an
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import re
@@ -35,7 +36,16 @@ from duplex.permissions import required
 pytestmark = pytest.mark.cluster
 
 SEED = yaml.safe_load((ROOT / "examples/seed.yaml").read_text())
-CHILD_KIND_NAMES = ("serviceaccount", "role", "rolebinding", "configmap", "service", "deployment")
+CHILD_KIND_NAMES = (
+    "serviceaccount",
+    "role",
+    "rolebinding",
+    "configmap",
+    "secret",
+    "service",
+    "networkpolicy",
+    "deployment",
+)
 # What kopf watches for this operator: one LIST at start, then one WATCH each, resumed from the last resourceVersion.
 WATCHED = {"customresourcedefinitions", PLURAL, *(k.plural for k in CHILD_KINDS)}
 RESYNC_SECONDS = 2.0  # the harness's --resync-seconds
@@ -117,7 +127,9 @@ EXPECTED_CHILDREN = {
     "role": ["qwen3-32b-router"],
     "rolebinding": ["qwen3-32b-router"],
     "configmap": ["qwen3-32b-router"],
+    "secret": ["qwen3-32b-engine-key"],
     "service": ["qwen3-32b-decode", "qwen3-32b-prefill", "qwen3-32b-router"],
+    "networkpolicy": ["qwen3-32b-decode", "qwen3-32b-prefill", "qwen3-32b-router"],
     "deployment": ["qwen3-32b-decode", "qwen3-32b-prefill", "qwen3-32b-router"],
 }
 
@@ -584,6 +596,8 @@ def test_operator_identity_is_least_privilege(op, cluster, kubectl):
         allowed.append((verb, f"{name}.{group}" + (f"/{sub}" if sub else "") if group else res))
     denied = [
         ("get", "secrets"),
+        ("patch", "secrets"),  # the engine key is created once, never changed
+        ("update", "secrets"),
         ("list", "pods"),
         ("create", "clusterroles.rbac.authorization.k8s.io"),
         ("delete", "namespaces"),
@@ -597,3 +611,54 @@ def test_operator_identity_is_least_privilege(op, cluster, kubectl):
     for verb, resource_ in denied:
         with pytest.raises(AssertionError):
             as_operator("auth", "can-i", verb, resource_, "-A")
+
+
+def secret_key(kubectl: Any, namespace: str) -> tuple[str, str]:
+    """(the engine key, the Secret's resourceVersion)."""
+    secret = kubectl.json("-n", namespace, "get", "secret", "qwen3-32b-engine-key")
+    return base64.b64decode(secret["data"]["api-key"]).decode(), secret["metadata"]["resourceVersion"]
+
+
+def test_the_engines_are_fenced_and_keyed_on_the_api_server(op, kubectl, namespace, wait_for):
+    """kwok enforces no NetworkPolicy, so the policies are checked as stored: selectors that match the pods the
+    Deployments made, and the ports. The engine key: random, created once, read by engines and router from the
+    Secret, never rotated by a pass, never in status, Events or the operator's log; a deleted Secret comes back."""
+    kubectl.apply(seed(namespace))
+    wait_for(lambda: is_ready(kubectl, namespace), timeout=120, what="Ready=True")
+
+    role_pods = {role: pods(kubectl, namespace, role) for role in ("prefill", "decode", "router")}
+    for role, peer in (("prefill", "decode"), ("decode", "prefill")):
+        policy = kubectl.json("-n", namespace, "get", "networkpolicy", f"qwen3-32b-{role}")["spec"]
+        selected = kubectl.json("-n", namespace, "get", "pods", "-l", ",".join(
+            f"{k}={v}" for k, v in policy["podSelector"]["matchLabels"].items()))["items"]  # fmt: skip
+        assert [p["metadata"]["name"] for p in selected] == [p["metadata"]["name"] for p in role_pods[role]]
+        router_rule, scrape_rule, peer_rule = policy["ingress"]
+        assert router_rule == {"from": [{"podSelector": {"matchLabels": {"duplex.dev/serving": "qwen3-32b",
+                               "duplex.dev/role": "router"}}}], "ports": [{"protocol": "TCP", "port": 8000}]}  # fmt: skip
+        assert scrape_rule["from"][0]["namespaceSelector"]["matchExpressions"][0]["values"] == ["monitoring"]
+        assert peer_rule["from"] == [{"podSelector": {"matchLabels": {"duplex.dev/serving": "qwen3-32b",
+                                     "duplex.dev/role": peer}}}]  # fmt: skip
+        assert peer_rule["ports"][0] == {"protocol": "TCP", "port": 5600}
+        assert {(p["port"], p.get("endPort")) for p in peer_rule["ports"][1:]} == {(1024, 7999), (8001, 65535)}
+    router_policy = kubectl.json("-n", namespace, "get", "networkpolicy", "qwen3-32b-router")["spec"]
+    assert router_policy["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8000}]}]
+
+    key, version = secret_key(kubectl, namespace)
+    assert len(key) >= 43
+    ref = {"secretKeyRef": {"name": "qwen3-32b-engine-key", "key": "api-key"}}
+    for role, var in (("prefill", "VLLM_API_KEY"), ("decode", "VLLM_API_KEY"), ("router", "DUPLEX_ENGINE_API_KEY")):
+        (container,) = role_pods[role][0]["spec"]["containers"]
+        assert {"name": var, "valueFrom": ref} in container["env"], role
+    config = json.loads(kubectl.json("-n", namespace, "get", "configmap", "qwen3-32b-router")["data"]["router.json"])
+    assert config["engine_api_key_env"] == "DUPLEX_ENGINE_API_KEY"
+
+    wait_seconds(3 * RESYNC_SECONDS)  # passes go by: the key stays as it was
+    assert secret_key(kubectl, namespace) == (key, version)
+    events = kubectl("-n", namespace, "get", "events", "-o", "json")
+    assert key not in json.dumps(get_dsv(kubectl, namespace)) and key not in events
+    assert key not in op.log_path.read_text()
+
+    kubectl("-n", namespace, "delete", "secret", "qwen3-32b-engine-key", "--wait=true")
+    wait_for(lambda: "qwen3-32b-engine-key" in children(kubectl, namespace)["secret"], timeout=60, what="a new key")
+    again, _ = secret_key(kubectl, namespace)
+    assert again != key and len(again) >= 43

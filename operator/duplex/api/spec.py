@@ -215,8 +215,28 @@ class EFASpec(Model):
     same_zone: bool = Field(True, description="Require prefill and decode pods in one availability zone.")
 
 
+NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+
+
+class NetworkPolicySpec(Model):
+    """NetworkPolicies that leave the engines reachable only by this serving's router (HTTP) and by each other (NIXL).
+
+    EFA traffic (SRD) bypasses the kernel network stack, so no NetworkPolicy sees it: the EFA security group
+    bounds it instead."""
+
+    enabled: bool = Field(True, description="Render the NetworkPolicies (needs a CNI that enforces them).")
+    metrics_namespaces: Annotated[list[NamespaceName], Field(max_length=32)] = Field(
+        ["monitoring"],
+        description="Namespaces whose pods may also reach the engines' HTTP port, where vLLM serves /metrics "
+        "(e.g. Prometheus'). /v1 stays guarded by the engine API key. [] leaves the port to the router alone.",
+    )
+
+
 class NetworkSpec(Model):
     efa: EFASpec = Field(default_factory=EFASpec, description="EFA settings.")
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec, description="Who may reach the engines and the router."
+    )
 
 
 class KVTransferSpec(Model):

@@ -87,7 +87,8 @@ FULL: dict[str, Any] = {
             "forkSafe": False,
             "libraryPath": "/opt/efa/lib",
             "sameZone": False,
-        }
+        },
+        "networkPolicy": {"enabled": False, "metricsNamespaces": ["observability", "prometheus"]},
     },
     "kvTransfer": {
         "connector": "NixlConnector",
@@ -199,7 +200,8 @@ DEFAULTS: dict[str, Any] = {
             "forkSafe": True,
             "libraryPath": "/opt/amazon/efa/lib:/opt/amazon/efa/lib64",
             "sameZone": True,
-        }
+        },
+        "networkPolicy": {"enabled": True, "metricsNamespaces": ["monitoring"]},
     },
     "kvTransfer": {
         "connector": "NixlConnector",

@@ -193,7 +193,7 @@ def test_user_env_appends_and_overrides_by_name() -> None:
         )
     )
     names = [e["name"] for e in ctr["env"]]
-    assert names == ["VLLM_NIXL_SIDE_CHANNEL_HOST", "A", "VLLM_NIXL_SIDE_CHANNEL_PORT", "B"]
+    assert names == ["VLLM_API_KEY", "VLLM_NIXL_SIDE_CHANNEL_HOST", "A", "VLLM_NIXL_SIDE_CHANNEL_PORT", "B"]
     env = env_map(ctr)
     assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": "9"}
     assert env["B"] == {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from kubernetes_validate import utils as kv_utils
 
 from duplex.crd import crd
-from duplex.render import desired_children, parse
+from duplex.render import desired_children, parse, parse_spec
 
 TARGET = "1.36"
 VERSIONS = sorted(
@@ -164,7 +164,8 @@ def test_variants_validate(variant: str) -> None:
     objs = desired_children(
         parse(doc(merge({"model": {"name": "org/model"}}, VARIANTS[variant]), name="v", namespace="team-a"))
     )
-    assert len(objs) == 10
+    policies = 3 if parse_spec(merge({"model": {"name": "m"}}, VARIANTS[variant])).network.network_policy.enabled else 0
+    assert len(objs) == 10 + policies  # a NetworkPolicy per engine role and the router, unless turned off
     validate_all(objs)
 
 

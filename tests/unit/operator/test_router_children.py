@@ -107,9 +107,17 @@ def test_router_json_redis_url_from_secret_never_holds_the_url() -> None:
     }
 
 
-def test_no_redis_env_without_a_secret() -> None:
+def test_no_redis_env_without_a_secret_and_the_engine_key_always() -> None:
+    key = {
+        "name": "DUPLEX_ENGINE_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "demo-engine-key", "key": "api-key"}},
+    }
     for patch in (None, REDIS_URL):
-        assert container(router_deployment(spec(patch), "demo", "ns1"))["env"] == []
+        assert container(router_deployment(spec(patch), "demo", "ns1"))["env"] == [key]
+
+
+def test_the_router_sends_the_engine_key_from_its_env() -> None:
+    assert parsed_config().engine_api_key_env == "DUPLEX_ENGINE_API_KEY"
 
 
 def test_router_json_models_and_body_limit() -> None:
