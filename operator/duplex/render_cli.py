@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from duplex.api.meta import KIND
+from duplex.config_warnings import config_warnings
 from duplex.render import InvalidSpec, desired_children, parse
 from duplex.yamlio import dump_all, load_all
 
@@ -36,7 +37,10 @@ def main(argv: list[str]) -> int:
     for doc in servings:
         name = (doc.get("metadata") or {}).get("name", "<unnamed>")
         try:
-            out += desired_children(parse(doc, args.namespace))
+            serving = parse(doc, args.namespace)
+            out += desired_children(serving)
+            for warning in config_warnings(serving.spec):  # what the operator reports as ConfigValid ValidWithWarnings
+                print(f'{KIND} "{name}": warning: {warning}', file=sys.stderr)
         except InvalidSpec as e:
             failed = True
             for err in e.errors:

@@ -11,6 +11,7 @@ from duplex.children.engine import engine_config_hash
 from duplex.children.kv_config import effective
 from duplex.children.labels import child_name
 from duplex.children.services import router_endpoint
+from duplex.config_warnings import config_warnings
 from duplex.render import Serving
 
 WORKLOADS = ("prefill", "decode", "router")
@@ -98,7 +99,7 @@ def compute(
             "ComponentsNotReady" if not_ready else "AllComponentsReady",
             f"not ready: {', '.join(not_ready)}" if not_ready else "prefill, decode and router are ready",
         ),
-        condition("ConfigValid", "True", "Valid", "spec accepted"),
+        _config_valid(condition, config_warnings(spec)),
         *role_conditions,
         condition(
             "Progressing",
@@ -117,6 +118,20 @@ def compute(
         engine_config_hash=engine_config_hash(spec, serving.name, serving.namespace),
         conditions=conditions,
     )
+
+
+def _config_valid(condition: _Conditions, warnings: list[str]) -> Condition:
+    if warnings:
+        return condition("ConfigValid", "True", "ValidWithWarnings", "; ".join(warnings))
+    return condition("ConfigValid", "True", "Valid", "spec accepted")
+
+
+def config_warning(status: DisaggregatedServingStatus | None) -> str | None:
+    """The ConfigValid message when the spec was accepted with warnings, else None."""
+    for c in status.conditions if status else []:
+        if c.type == "ConfigValid" and c.reason == "ValidWithWarnings":
+            return c.message
+    return None
 
 
 def invalid(

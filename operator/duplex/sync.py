@@ -81,7 +81,9 @@ def sync(
     write = status_of.differs(previous, status_of.patch_body(new))
 
     # 5. Events: what changed, and whether Ready flipped.
-    events = _applied_event(to_create + to_apply, to_delete) + (_readiness_event(last, new) if write else [])
+    events = _applied_event(to_create + to_apply, to_delete)
+    if write:
+        events += _warning_event(last, new) + _readiness_event(last, new)
     return SyncResult(apply=to_apply, delete=to_delete, create=to_create, status=new, write_status=write, events=events)
 
 
@@ -103,6 +105,14 @@ def _applied_event(to_apply: list[dict[str, Any]], to_delete: list[dict[str, Any
         return []
     changes = ", ".join([*map(_ref, to_apply), *(f"-{_ref(o)}" for o in to_delete)])
     return [Event("Normal", "Applied", f"converged children: {changes}")]
+
+
+def _warning_event(last: DisaggregatedServingStatus | None, new: DisaggregatedServingStatus) -> list[Event]:
+    """Once per new set of warnings, not on every pass."""
+    warning = status_of.config_warning(new)
+    if warning is None or warning == status_of.config_warning(last):
+        return []
+    return [Event("Warning", "ConfigWarning", warning)]
 
 
 def _readiness_event(last: DisaggregatedServingStatus | None, new: DisaggregatedServingStatus) -> list[Event]:

@@ -321,6 +321,9 @@ def test_invalid_specs_are_rejected_by_the_api_server(op, kubectl, namespace):
         ({"kvTransfer__sideChannelPort": 8000}, "kvTransfer.sideChannelPort must differ from 8000"),
         ({"kvTransfer__loadFailurePolicy": "explode"}, 'Unsupported value: "explode"'),
         ({"prefill__memory": None}, "network.efa.enabled needs prefill.memory and decode.memory"),
+        ({"decode__accelerator": {"type": "aws.amazon.com/neuron"}}, "decode.accelerator.type must be the same"),
+        ({"prefill__extraArgs": ["--kv-cache-dtype=fp8"]}, "must be the same on prefill and decode"),
+        ({"decode__env": [{"name": "VLLM_ATTENTION_BACKEND", "value": "X"}]}, "set it in spec.model.env"),
     ]
     for overrides, expected in cases:
         doc = seed(namespace, **overrides)
@@ -662,3 +665,22 @@ def test_the_engines_are_fenced_and_keyed_on_the_api_server(op, kubectl, namespa
     wait_for(lambda: "qwen3-32b-engine-key" in children(kubectl, namespace)["secret"], timeout=60, what="a new key")
     again, _ = secret_key(kubectl, namespace)
     assert again != key and len(again) >= 43
+
+
+def test_a_fabric_override_is_accepted_with_a_warning(op, kubectl, namespace, wait_for):
+    """FI_PROVIDER=tcp on an EFA spec: accepted (ConfigValid True, ValidWithWarnings) with a ConfigWarning Event."""
+    kubectl.apply(seed(namespace, model__env=[{"name": "FI_PROVIDER", "value": "tcp"}]))
+
+    def warned() -> bool:
+        c = condition(get_dsv(kubectl, namespace), "ConfigValid")
+        return bool(c and c["reason"] == "ValidWithWarnings")
+
+    wait_for(warned, timeout=60, what="ConfigValid ValidWithWarnings")
+    c = condition(get_dsv(kubectl, namespace), "ConfigValid")
+    assert c["status"] == "True" and "spec.model.env[0] sets FI_PROVIDER" in c["message"]
+    assert "silent TCP fallback" in c["message"]
+    events = kubectl.json(
+        "-n", namespace, "get", "events", "--field-selector", "involvedObject.kind=DisaggregatedServing"
+    )["items"]
+    (warning,) = [e for e in events if e["reason"] == "ConfigWarning"]
+    assert warning["type"] == "Warning" and warning["message"] == c["message"]

@@ -12,6 +12,7 @@ from pydantic.alias_generators import to_camel
 
 from duplex import IMAGE
 from duplex.api.owned_args import owned_arg_rules
+from duplex.api.pairing import paired_rules
 from duplex.api.quantity import quantity
 from duplex.api.rules import Checked, Rule
 
@@ -189,11 +190,11 @@ class RoleSpec(Model):
 
 
 class PrefillSpec(RoleSpec):
-    RULES = owned_arg_rules(role="prefill")
+    RULES = owned_arg_rules(role="prefill") + paired_rules()
 
 
 class DecodeSpec(RoleSpec):
-    RULES = owned_arg_rules(role="decode")
+    RULES = owned_arg_rules(role="decode") + paired_rules()
 
 
 class EFASpec(Model):
@@ -455,6 +456,13 @@ class DisaggregatedServingSpec(Model):
             message="network.efa.enabled needs prefill.memory and decode.memory: "
             "Kubernetes requires a memory request beside hugepages",
             holds=lambda s: not s.network.efa.enabled or (s.prefill.memory is not None and s.decode.memory is not None),
+        ),
+        Rule(
+            cel="self.prefill.accelerator.type == self.decode.accelerator.type",
+            message="prefill.accelerator.type and decode.accelerator.type must be the same: NixlConnector pairs "
+            "only engines on the same kind of accelerator (same platform, KV layout and buffer device)",
+            holds=lambda s: s.prefill.accelerator.type == s.decode.accelerator.type,
+            field_path=".decode",
         ),
         Rule(
             cel="!has(self.router.conversation.ttl) || self.router.conversation.ttl < self.kvTransfer.decodeBlocksTTL",

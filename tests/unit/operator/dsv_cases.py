@@ -32,7 +32,7 @@ FULL: dict[str, Any] = {
     "prefill": {
         "replicas": 2,
         "tensorParallelSize": 4,
-        "accelerator": {"type": "nvidia.com/gpu", "count": 4},
+        "accelerator": {"type": "aws.amazon.com/neuron", "count": 4},
         "cpu": "32",
         "memory": "256Gi",
         "gpuMemoryUtilization": 0.85,
@@ -135,7 +135,9 @@ FULL_ALT: dict[str, Any] = merge(
     FULL,
     {
         "model": {"cache": {"pvc": None, "hostPath": {"path": "/mnt/raid0"}}},
-        "prefill": {"accelerator": {"type": "aws.amazon.com/neuron"}},
+        # prefill and decode always on one accelerator kind: FULL has both on Neuron
+        "prefill": {"accelerator": {"type": "nvidia.com/gpu"}},
+        "decode": {"accelerator": {"type": "nvidia.com/gpu"}},
         "kvTransfer": {"backend": "LIBFABRIC", "bufferDevice": "cuda"},
         "router": {"store": {"redis": {"url": None, "urlSecret": {"name": "redis", "key": "url"}}}},
     },
@@ -323,7 +325,8 @@ ENUMS: list[tuple[str, Any, list[Any]]] = [
     ("model.imagePullPolicy", "Sometimes", ["Always", "IfNotPresent", "Never"]),
     ("model.dtype", "int8", ["auto", "half", "float16", "bfloat16", "float", "float32"]),
     ("model.blockSize", 24, [1, 8, 16, 32, 64, 128]),
-    ("prefill.accelerator.type", "amd.com/gpu", ["nvidia.com/gpu", "aws.amazon.com/neuron"]),
+    ("prefill.accelerator.type", "amd.com/gpu", ["nvidia.com/gpu"]),  # Neuron needs decode on Neuron too
+    ("decode.accelerator.type", "amd.com/gpu", ["nvidia.com/gpu"]),
     ("kvTransfer.connector", "LMCacheConnectorV1", ["NixlConnector"]),
     ("kvTransfer.backend", "GDS", ["UCX", "LIBFABRIC"]),
     ("kvTransfer.bufferDevice", "xpu", ["cuda", "cpu"]),

@@ -302,6 +302,12 @@ def role_specs(draw: st.DrawFn, tp: int, efa: bool) -> dict[str, Any]:
     return role
 
 
+def _same_accelerator(role: dict[str, Any], like: dict[str, Any]) -> dict[str, Any]:
+    """Decode on prefill's kind of accelerator (admission refuses anything else)."""
+    kind = (like.get("accelerator") or {}).get("type", "nvidia.com/gpu")
+    return {**role, "accelerator": {**(role.get("accelerator") or {}), "type": kind}}
+
+
 @st.composite
 def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
     efa = draw(st.booleans())
@@ -342,8 +348,8 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
                 },
             )
         ),
-        "prefill": draw(role_specs(prefill_tp, efa)),
-        "decode": draw(role_specs(decode_tp, efa)),
+        "prefill": (prefill := draw(role_specs(prefill_tp, efa))),
+        "decode": _same_accelerator(draw(role_specs(decode_tp, efa)), prefill),
         "network": {
             "efa": draw(
                 st.fixed_dictionaries(
