@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from duplex.api.status import Condition, DisaggregatedServingStatus, RoleStatus
@@ -12,6 +12,7 @@ from duplex.children.kv_config import effective
 from duplex.children.labels import child_name
 from duplex.children.services import router_endpoint
 from duplex.config_warnings import config_warnings
+from duplex.fabric import fabric_ready
 from duplex.render import Serving
 
 WORKLOADS = ("prefill", "decode", "router")
@@ -80,8 +81,10 @@ def compute(
     deployments: Mapping[str, Mapping[str, Any] | None],
     previous: DisaggregatedServingStatus | None,
     at: str | None = None,
+    pods: Iterable[Mapping[str, Any]] = (),
 ) -> DisaggregatedServingStatus:
-    """The parent's status; `deployments` maps prefill/decode/router to the observed Deployment (or None)."""
+    """The parent's status; `deployments` maps prefill/decode/router to the observed Deployment (or None), `pods`
+    are the observed engine pods (their preflight reports make FabricReady)."""
     spec, gen = serving.spec, serving.generation
     condition = _Conditions(previous, gen, at or now())
     desired = {"prefill": spec.prefill.replicas, "decode": spec.decode.replicas, "router": spec.router.replicas}
@@ -107,6 +110,7 @@ def compute(
             "RollingOut" if rolling else "Stable",
             f"rolling out: {', '.join(rolling)}" if rolling else "all workloads on the current spec",
         ),
+        condition("FabricReady", *fabric_ready(spec, serving.name, pods)),
     ]
     return DisaggregatedServingStatus(
         observed_generation=gen,

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from duplex import status as status_of
 from duplex.api.status import DisaggregatedServingStatus
-from duplex.children.kinds import DEPLOYMENT, SECRET, apply_rank, kind_of
+from duplex.children.kinds import DEPLOYMENT, POD, SECRET, apply_rank, kind_of
 from duplex.converge import key, plan, with_owner
 from duplex.render import InvalidSpec, Serving, desired_children, key_secret, parse
 
@@ -77,7 +77,8 @@ def sync(
     to_apply = [o for o in to_apply if kind_of(o) is not SECRET]
 
     # 4. Status from the observed Deployments; the next pass sees what this one's writes did.
-    new = status_of.compute(serving, _deployments(serving, observed), last, at)
+    pods = [o for o in observed if o.get("kind") == POD.kind]
+    new = status_of.compute(serving, _deployments(serving, observed), last, at, pods)
     write = status_of.differs(previous, status_of.patch_body(new))
 
     # 5. Events: what changed, and whether Ready flipped.

@@ -28,7 +28,7 @@ from operator_harness import (
 
 from duplex.api.meta import PLURAL
 from duplex.apierrors import ApiError, Failure
-from duplex.children.kinds import CHILD_KINDS, CONFIG_MAP
+from duplex.children.kinds import CHILD_KINDS, CONFIG_MAP, OBSERVED_KINDS
 from duplex.handlers import LEGACY_FINALIZER
 from duplex.kube import Kube
 from duplex.permissions import required
@@ -47,7 +47,7 @@ CHILD_KIND_NAMES = (
     "deployment",
 )
 # What kopf watches for this operator: one LIST at start, then one WATCH each, resumed from the last resourceVersion.
-WATCHED = {"customresourcedefinitions", PLURAL, *(k.plural for k in CHILD_KINDS)}
+WATCHED = {"customresourcedefinitions", PLURAL, *(k.plural for k in (*CHILD_KINDS, *OBSERVED_KINDS))}
 RESYNC_SECONDS = 2.0  # the harness's --resync-seconds
 # A bound on a restarted operator's start (imports, login, LIST and WATCH of every kind): seconds when the machine
 # is quiet, but over a minute has been seen on a 2-core machine shared with CPU vLLM engines.
@@ -439,7 +439,7 @@ def test_a_restarted_operator_lists_each_watched_kind_once_and_writes_nothing(
     assert sorted(resource(r) for r in watches) == sorted(WATCHED), summary(requests)
     assert all(query(r).get("resourceVersion") for r in watches)
     for r in requests:
-        if r["verb"] in ("list", "watch") and resource(r) in {k.plural for k in CHILD_KINDS}:
+        if r["verb"] in ("list", "watch") and resource(r) in {k.plural for k in (*CHILD_KINDS, *OBSERVED_KINDS)}:
             assert query(r)["labelSelector"] == ["app.kubernetes.io/managed-by=duplex"], r["requestURI"]
     discovery = [r for r in requests if resource(r) is None]
     assert all(r["verb"] == "get" and re.fullmatch(r"/apis?(/[^/?]+){0,2}", r["requestURI"]) for r in discovery)
@@ -601,7 +601,8 @@ def test_operator_identity_is_least_privilege(op, cluster, kubectl):
         ("get", "secrets"),
         ("patch", "secrets"),  # the engine key is created once, never changed
         ("update", "secrets"),
-        ("list", "pods"),
+        ("get", "pods"),  # engine pods are watched for their preflight reports, never read one by one
+        ("patch", "pods"),
         ("create", "clusterroles.rbac.authorization.k8s.io"),
         ("delete", "namespaces"),
         ("create", "pods/exec"),
@@ -684,3 +685,31 @@ def test_a_fabric_override_is_accepted_with_a_warning(op, kubectl, namespace, wa
     )["items"]
     (warning,) = [e for e in events if e["reason"] == "ConfigWarning"]
     assert warning["type"] == "Warning" and warning["message"] == c["message"]
+
+
+def test_preflight_reports_in_engine_pods_become_fabric_ready(op, kubectl, namespace, wait_for):
+    """kwok runs no container, so the kubelet's part is played here: the preflight init container's termination
+    message is written into the pod's status as the kubelet would, and the operator turns it into FabricReady."""
+    kubectl.apply(seed(namespace))
+    wait_for(lambda: is_ready(kubectl, namespace), timeout=120, what="Ready=True")
+    (prefill_pod,) = pods(kubectl, namespace, "prefill")
+    names = [c["name"] for c in prefill_pod["spec"]["initContainers"]]
+    assert names == ["preflight-install", "preflight"]
+    assert condition(get_dsv(kubectl, namespace), "FabricReady")["reason"] == "Pending"
+
+    failed = {"version": 1, "ok": False, "backend": "LIBFABRIC", "checks": [
+        {"name": "efa_devices", "status": "fail", "value": "0 of 16", "message": "found 0 of 16 EFA devices"}]}  # fmt: skip
+    status = {"initContainerStatuses": [
+        {"name": "preflight-install", "ready": False, "restartCount": 0, "image": "duplex", "imageID": "",
+         "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}},
+        {"name": "preflight", "ready": False, "restartCount": 0, "image": "vllm", "imageID": "",
+         "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": json.dumps(failed)}}}]}  # fmt: skip
+    kubectl("-n", namespace, "patch", "pod", prefill_pod["metadata"]["name"], "--subresource=status",
+            "--type=merge", "-p", json.dumps({"status": status}))  # fmt: skip
+
+    def fabric() -> dict[str, Any]:
+        return condition(get_dsv(kubectl, namespace), "FabricReady") or {}
+
+    wait_for(lambda: fabric().get("status") == "False", timeout=60, what="FabricReady=False")
+    assert fabric()["reason"] == "EfaDevices"
+    assert fabric()["message"] == f"pod {prefill_pod['metadata']['name']}: efa_devices: found 0 of 16 EFA devices"

@@ -233,8 +233,25 @@ class NetworkPolicySpec(Model):
     )
 
 
+class PreflightSpec(Model):
+    """`duplex preflight` as an init container of engine pods: it proves the fabric before vLLM starts (EFA devices,
+    libfabric's efa provider, hugepages, memlock, fabric env, NIXL backend and a loopback READ); the result becomes
+    the FabricReady condition."""
+
+    enabled: bool | None = Field(
+        None, description="Run the preflight init container; default: when network.efa.enabled."
+    )
+    strict: bool = Field(False, description="Warnings fail the engine pod too (duplex preflight --strict).")
+    image: Annotated[str, Field(min_length=1, max_length=1024)] = Field(
+        IMAGE,
+        description="duplex image that hands the preflight package to the engine image; apart from router.image "
+        "so that rolling the router leaves engines alone (changing this rolls them once).",
+    )
+
+
 class NetworkSpec(Model):
     efa: EFASpec = Field(default_factory=EFASpec, description="EFA settings.")
+    preflight: PreflightSpec = Field(default_factory=PreflightSpec, description="Fabric checks before engines start.")
     network_policy: NetworkPolicySpec = Field(
         default_factory=NetworkPolicySpec, description="Who may reach the engines and the router."
     )

@@ -9,7 +9,15 @@ from pydantic.alias_generators import to_camel
 
 from duplex.api.rules import Checked
 
-CONDITION_TYPES = ("Ready", "ConfigValid", "PrefillReady", "DecodeReady", "RouterReady", "Progressing")
+CONDITION_TYPES = (
+    "Ready",
+    "ConfigValid",
+    "PrefillReady",
+    "DecodeReady",
+    "RouterReady",
+    "Progressing",
+    "FabricReady",
+)
 
 
 class _Status(Checked):
@@ -17,7 +25,9 @@ class _Status(Checked):
 
 
 class Condition(_Status):
-    type: str = Field(description="One of Ready, ConfigValid, PrefillReady, DecodeReady, RouterReady, Progressing.")
+    type: str = Field(
+        description="One of Ready, ConfigValid, PrefillReady, DecodeReady, RouterReady, Progressing, FabricReady."
+    )
     status: Literal["True", "False", "Unknown"]
     reason: str = Field(description="CamelCase reason.")
     message: str = Field("", description="Human-readable detail.")

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from duplex.api.spec import DisaggregatedServingSpec, RoleSpec
-from duplex.children import efa, engine_key
+from duplex.children import efa, engine_key, preflight
 from duplex.children.kinds import DEPLOYMENT
 from duplex.children.kv_config import kv_transfer_json
 from duplex.children.labels import ENGINE_HASH_ANNOTATION, HTTP_PORT, child_name, labels, selector
@@ -119,12 +119,18 @@ def config_hash(pod_spec: dict[str, Any]) -> str:
 def engine_deployment(spec: DisaggregatedServingSpec, serving: str, namespace: str, role_name: str) -> dict[str, Any]:
     role: RoleSpec = getattr(spec, role_name)
     volumes, _ = _volumes(spec)
+    engine = engine_container(spec, role_name, serving)
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,  # engines never talk to the API server
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 60,
-        "containers": [engine_container(spec, role_name, serving)],
-        "volumes": volumes,
+    }
+    checks = preflight.init_containers(spec, role, engine["env"], engine["securityContext"])
+    if checks:
+        pod_spec["initContainers"] = checks
+    pod_spec |= {
+        "containers": [engine],
+        "volumes": volumes + preflight.volumes(spec),
         "tolerations": efa.tolerations(role),
     }
     if role.node_selector:

@@ -58,6 +58,11 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
     DEPLOYMENT,
 )
 
+# Watched for what they report, never written: engine pods (their preflight results). Pods are owned by ReplicaSets,
+# so the shell finds a pod's parent by its serving label.
+POD = ChildKind("", "v1", "Pod", "pods", verbs=("list", "watch"))
+OBSERVED_KINDS: tuple[ChildKind, ...] = (POD,)
+
 _BY_TYPE = {(k.api_version, k.kind): k for k in CHILD_KINDS}
 
 

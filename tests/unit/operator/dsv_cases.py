@@ -89,6 +89,7 @@ FULL: dict[str, Any] = {
             "sameZone": False,
         },
         "networkPolicy": {"enabled": False, "metricsNamespaces": ["observability", "prometheus"]},
+        "preflight": {"enabled": False, "strict": True, "image": "registry.example/duplex:pinned"},
     },
     "kvTransfer": {
         "connector": "NixlConnector",
@@ -204,6 +205,7 @@ DEFAULTS: dict[str, Any] = {
             "sameZone": True,
         },
         "networkPolicy": {"enabled": True, "metricsNamespaces": ["monitoring"]},
+        "preflight": {"enabled": None, "strict": False, "image": duplex.IMAGE},
     },
     "kvTransfer": {
         "connector": "NixlConnector",

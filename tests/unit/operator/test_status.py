@@ -80,6 +80,7 @@ def test_all_ready_and_updated_is_ready() -> None:
         "DecodeReady",
         "RouterReady",
         "Progressing",
+        "FabricReady",
     ]
     assert set(c) == set(CONDITION_TYPES)
     assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("True", "AllComponentsReady")
