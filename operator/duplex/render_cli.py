@@ -18,7 +18,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="duplex render",
         description="Print, as a YAML stream, the objects the operator creates for each DisaggregatedServing in FILE. "
-        "Owner references are added by the operator at apply time.",
+        "Owner references are added by the operator at apply time. Not printed: the engine key Secret "
+        "(NAME-engine-key), which the operator creates once with a random key.",
     )
     parser.add_argument("-f", "--filename", required=True, help="YAML file (several documents allowed), or - for stdin")
     parser.add_argument("-n", "--namespace", default="default", help="namespace for objects that name none")

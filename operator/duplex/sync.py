@@ -81,7 +81,7 @@ def sync(
     new = status_of.compute(serving, _deployments(serving, observed), last, at, pods)
     write = status_of.differs(previous, status_of.patch_body(new))
 
-    # 5. Events: what changed, and whether Ready flipped.
+    # 5. Events: what changed, new config warnings, and whether Ready flipped.
     events = _applied_event(to_create + to_apply, to_delete)
     if write:
         events += _warning_event(last, new) + _readiness_event(last, new)
