@@ -20,8 +20,8 @@ from typing import Any
 import kopf
 
 from duplex.api.meta import GROUP, KIND, PLURAL, VERSION
-from duplex.children.kinds import CHILD_KINDS, ChildKind
-from duplex.children.labels import MANAGED_BY
+from duplex.children.kinds import CHILD_KINDS, POD, ChildKind
+from duplex.children.labels import MANAGED_BY, ROLE_LABEL, SERVING_LABEL
 from duplex.kube import Kube, load_config
 from duplex.workers import SETTLE_SECONDS, Caches, Workers
 from duplex.workqueue import WorkQueue
@@ -46,7 +46,10 @@ def owner_uids(meta: Mapping[str, Any]) -> list[str]:
 
 def _cached(body: kopf.Body) -> dict[str, Any]:
     """A plain copy of an object for the indices; managedFields are large and never read."""
-    obj = copy.deepcopy({k: body[k] for k in body})
+    # A Secret's data is never read (the engine key stays out of the operator's memory).
+    obj = copy.deepcopy(
+        {k: body[k] for k in body if not (body.get("kind") == "Secret" and k in ("data", "stringData"))}
+    )
     obj.get("metadata", {}).pop("managedFields", None)
     return obj
 
@@ -93,12 +96,16 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **indices: Any
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         # kopf logs each event handler's success at INFO: one line per child event, nothing worth reading.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    for kind in CHILD_KINDS:  # the server filters the child watches: the indices hold only what we manage
+    for kind in (*CHILD_KINDS, POD):  # the server filters the child watches: the indices hold only what we manage
         settings.watching.label_selectors[kind.group, kind.version, kind.plural] = (
             f"app.kubernetes.io/managed-by={MANAGED_BY}"
         )
     # kopf hands startup handlers its indices empty; the watch streams fill them before any event handler runs.
-    caches = Caches(servings=indices["servings"], children=tuple(indices[index_id(kind)] for kind in CHILD_KINDS))
+    caches = Caches(
+        servings=indices["servings"],
+        children=tuple(indices[index_id(kind)] for kind in CHILD_KINDS),
+        pods=indices["engine_pods"],
+    )
     kube = Kube(load_config(os.environ.get("DUPLEX_KUBECONFIG") or None))  # fails fast on a bad kubeconfig
     memo.queue = WorkQueue[str]()
     memo.workers = asyncio.create_task(Workers(memo.queue, caches, kube, RESYNC_SECONDS).run(), name="reconcile")
@@ -136,3 +143,36 @@ for _kind in CHILD_KINDS:
     kopf.on.event(group=_kind.group, version=_kind.version, plural=_kind.plural, id=f"{_kind.plural}_changed")(
         _child_changed
     )
+
+
+def _pod_key(meta: Mapping[str, Any]) -> str | None:
+    """ "namespace/serving" of an engine pod, from its labels (pods are owned by ReplicaSets, not by the parent)."""
+    labels = meta.get("labels") or {}
+    if labels.get(ROLE_LABEL) not in ("prefill", "decode") or not labels.get(SERVING_LABEL):
+        return None
+    return f"{meta.get('namespace')}/{labels[SERVING_LABEL]}"
+
+
+@kopf.index(POD.group, POD.version, POD.plural)
+async def engine_pods(body: kopf.Body, meta: kopf.Meta, **_: Any) -> dict[str, dict[str, Any]] | None:
+    """Only what FabricReady reads: names, labels, and the init containers' states (their preflight reports)."""
+    where = _pod_key(meta)
+    if where is None:
+        return None
+    kept = {k: meta[k] for k in ("name", "namespace", "labels", "deletionTimestamp") if meta.get(k)}
+    status = {
+        "initContainerStatuses": copy.deepcopy(list((body.get("status") or {}).get("initContainerStatuses") or []))
+    }
+    return {where: {"apiVersion": "v1", "kind": POD.kind, "metadata": kept, "status": status}}
+
+
+@kopf.on.event(POD.group, POD.version, POD.plural)
+async def engine_pod_changed(meta: kopf.Meta, memo: kopf.Memo, **kwargs: Any) -> None:
+    """Wakes the pod's parent, found by namespace and name in the servings index (kopf passes indices by name)."""
+    where = _pod_key(meta)
+    if where is None:
+        return
+    for uid, parents in kwargs["servings"].items():
+        for parent in parents:
+            if f"{parent['metadata']['namespace']}/{parent['metadata']['name']}" == where:
+                memo.queue.add(uid, SETTLE_SECONDS)

@@ -89,6 +89,11 @@ class Kube:
             query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
         )
 
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """POST a new child (AlreadyExists if it exists): for children that must never be changed once made."""
+        path = _child_path(obj).rsplit("/", 1)[0]
+        return self._request("POST", path, body=obj, query=[("fieldManager", FIELD_MANAGER)])
+
     def delete(self, obj: dict[str, Any]) -> None:
         """Delete a child; its own children (pods, ReplicaSets) go in the background. Already gone is fine."""
         try:

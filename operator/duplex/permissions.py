@@ -5,7 +5,7 @@ this; tests/unit/operator/test_permissions.py holds it to that, in both directio
 from __future__ import annotations
 
 from duplex.api.meta import GROUP, PLURAL
-from duplex.children.kinds import CHILD_KINDS, CHILD_VERBS
+from duplex.children.kinds import CHILD_KINDS, OBSERVED_KINDS
 from duplex.children.router import ROUTER_RULES
 
 Permission = tuple[str, str, str]  # (API group, resource, verb)
@@ -17,8 +17,8 @@ def _all(group: str, resource: str, *verbs: str) -> set[Permission]:
 
 def required() -> set[Permission]:
     out: set[Permission] = set()
-    for kind in CHILD_KINDS:
-        out |= _all(kind.group, kind.plural, *CHILD_VERBS)
+    for kind in (*CHILD_KINDS, *OBSERVED_KINDS):
+        out |= _all(kind.group, kind.plural, *kind.verbs)
     # The parent: kopf lists and watches it, and patches it only to take off the finalizer earlier versions left.
     out |= _all(GROUP, PLURAL, "list", "watch", "patch")
     out |= _all(GROUP, f"{PLURAL}/status", "patch")

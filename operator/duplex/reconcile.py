@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from duplex import metrics, status
+from duplex.apierrors import ApiError
+from duplex.children.engine_key import with_fresh_key
 from duplex.children.kinds import CHILD_KINDS
 from duplex.converge import key
 from duplex.kube import Kube
@@ -48,6 +50,11 @@ def _reconcile(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Mapping
     out = Outcome(ready=result.ready, invalid=result.invalid)
 
     current = {key(dict(o)): o for o in observed}
+    for obj in result.create:  # before the Deployments that read it
+        _create_once(kube, obj)
+        current[key(obj)] = obj
+        metrics.WRITES.labels("create", obj["kind"]).inc()
+        out.applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
     for obj in result.apply:
         current[key(obj)] = kube.apply(obj)
         metrics.WRITES.labels("apply", obj["kind"]).inc()
@@ -71,3 +78,13 @@ def _reconcile(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Mapping
         kube.post_event(dict(parent), event.type, event.reason, event.message)
     metrics.RECONCILES.labels("invalid" if result.invalid is not None else "ok").inc()
     return out
+
+
+def _create_once(kube: Kube, secret: dict[str, Any]) -> None:
+    """Create the engine key Secret with a fresh random key; one that exists already (the watch had not brought it
+    yet) keeps its key."""
+    try:
+        kube.create(with_fresh_key(secret))
+    except ApiError as err:
+        if err.reason != "AlreadyExists":
+            raise

@@ -12,6 +12,8 @@ from duplex.api.naming import NAME_RULE
 from duplex.api.rules import RuleViolation
 from duplex.api.spec import DisaggregatedServingSpec
 from duplex.children.engine import ROLES, engine_deployment
+from duplex.children.engine_key import engine_key_secret
+from duplex.children.network_policy import network_policies
 from duplex.children.router import fabric_configmap, router_configmap, router_deployment, router_rbac
 from duplex.children.services import engine_service, router_service
 
@@ -93,13 +95,20 @@ def parse(doc: dict[str, Any], default_namespace: str = "default") -> Serving:
 
 
 def desired_children(serving: Serving) -> list[dict[str, Any]]:
-    """Every object the operator owns for this serving, in apply order (RBAC and config before workloads)."""
+    """Every object the operator applies for this serving, in apply order (RBAC and config before workloads).
+    Not the engine key Secret: the operator creates that once, with a random key (key_secret)."""
     spec, name, ns = serving.spec, serving.name, serving.namespace
     objs: list[dict[str, Any]] = [*router_rbac(name, ns), router_configmap(spec, name, ns), fabric_configmap(name, ns)]
     for role in ROLES:
         objs.append(engine_service(spec, name, ns, role))
     objs.append(router_service(spec, name, ns))
+    objs += network_policies(spec, name, ns)
     for role in ROLES:
         objs.append(engine_deployment(spec, name, ns, role))
     objs.append(router_deployment(spec, name, ns))
     return objs
+
+
+def key_secret(serving: Serving) -> dict[str, Any]:
+    """The engine key Secret without its key: created by the operator if missing, never applied or changed."""
+    return engine_key_secret(serving.name, serving.namespace)

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from duplex.api.meta import KIND
+from duplex.config_warnings import config_warnings
 from duplex.render import InvalidSpec, desired_children, parse
 from duplex.yamlio import dump_all, load_all
 
@@ -17,7 +18,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="duplex render",
         description="Print, as a YAML stream, the objects the operator creates for each DisaggregatedServing in FILE. "
-        "Owner references are added by the operator at apply time.",
+        "Owner references are added by the operator at apply time. Not printed: the engine key Secret "
+        "(NAME-engine-key), which the operator creates once with a random key.",
     )
     parser.add_argument("-f", "--filename", required=True, help="YAML file (several documents allowed), or - for stdin")
     parser.add_argument("-n", "--namespace", default="default", help="namespace for objects that name none")
@@ -36,7 +38,10 @@ def main(argv: list[str]) -> int:
     for doc in servings:
         name = (doc.get("metadata") or {}).get("name", "<unnamed>")
         try:
-            out += desired_children(parse(doc, args.namespace))
+            serving = parse(doc, args.namespace)
+            out += desired_children(serving)
+            for warning in config_warnings(serving.spec):  # what the operator reports as ConfigValid ValidWithWarnings
+                print(f'{KIND} "{name}": warning: {warning}', file=sys.stderr)
         except InvalidSpec as e:
             failed = True
             for err in e.errors:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from duplex.api.status import Condition, DisaggregatedServingStatus, RoleStatus
@@ -12,6 +12,8 @@ from duplex.children.engine import engine_config_hash
 from duplex.children.kv_config import effective
 from duplex.children.labels import child_name
 from duplex.children.services import router_endpoint
+from duplex.config_warnings import config_warnings
+from duplex.fabric import fabric_ready
 from duplex.render import Serving
 
 WORKLOADS = ("prefill", "decode", "router")
@@ -116,10 +118,12 @@ def compute(
     deployments: Mapping[str, Mapping[str, Any] | None],
     previous: DisaggregatedServingStatus | None,
     at: str | None = None,
+    pods: Iterable[Mapping[str, Any]] = (),
     fabric_reports: Mapping[str, str] | None = None,
 ) -> DisaggregatedServingStatus:
-    """The parent's status; `deployments` maps prefill/decode/router to the observed Deployment (or None),
-    `fabric_reports` is the data of the fabric ConfigMap the routers write."""
+    """The parent's status; `deployments` maps prefill/decode/router to the observed Deployment (or None), `pods`
+    are the observed engine pods (their preflight reports make FabricReady), `fabric_reports` the data of the fabric
+    ConfigMap the routers write (KVTransferHealthy)."""
     spec, gen = serving.spec, serving.generation
     at = at or now()
     condition = _Conditions(previous, gen, at)
@@ -138,7 +142,7 @@ def compute(
             "ComponentsNotReady" if not_ready else "AllComponentsReady",
             f"not ready: {', '.join(not_ready)}" if not_ready else "prefill, decode and router are ready",
         ),
-        condition("ConfigValid", "True", "Valid", "spec accepted"),
+        _config_valid(condition, config_warnings(spec)),
         *role_conditions,
         condition(
             "Progressing",
@@ -146,6 +150,7 @@ def compute(
             "RollingOut" if rolling else "Stable",
             f"rolling out: {', '.join(rolling)}" if rolling else "all workloads on the current spec",
         ),
+        condition("FabricReady", *fabric_ready(spec, serving.name, pods)),
         condition("KVTransferHealthy", *kv_transfer(fabric_reports or {}, at)),
     ]
     return DisaggregatedServingStatus(
@@ -158,6 +163,20 @@ def compute(
         engine_config_hash=engine_config_hash(spec, serving.name, serving.namespace),
         conditions=conditions,
     )
+
+
+def _config_valid(condition: _Conditions, warnings: list[str]) -> Condition:
+    if warnings:
+        return condition("ConfigValid", "True", "ValidWithWarnings", "; ".join(warnings))
+    return condition("ConfigValid", "True", "Valid", "spec accepted")
+
+
+def config_warning(status: DisaggregatedServingStatus | None) -> str | None:
+    """The ConfigValid message when the spec was accepted with warnings, else None."""
+    for c in status.conditions if status else []:
+        if c.type == "ConfigValid" and c.reason == "ValidWithWarnings":
+            return c.message
+    return None
 
 
 def invalid(

@@ -2,6 +2,8 @@
 
     sync(parent, observed children, previous status) -> children to apply, children to delete, new status, Events
 
+plus the children to create only if missing (the engine key Secret: its random key is drawn by the shell, once).
+
 Level-triggered: it never asks what changed or which watch event woke it; every call computes the whole desired
 state from the spec, so running it twice, or after a crash halfway through applying, is safe. No I/O and no clock
 (the caller passes the time). `duplex render` prints the same desired children, less the owner reference that needs
@@ -16,10 +18,10 @@ from typing import Any, Literal
 
 from duplex import status as status_of
 from duplex.api.status import DisaggregatedServingStatus
-from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, apply_rank
+from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, POD, SECRET, apply_rank, kind_of
 from duplex.children.router import fabric_configmap_name
 from duplex.converge import key, plan, with_owner
-from duplex.render import InvalidSpec, Serving, desired_children, parse
+from duplex.render import InvalidSpec, Serving, desired_children, key_secret, parse
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,8 @@ class Event:
 class SyncResult:
     apply: list[dict[str, Any]] = field(default_factory=list)  # in apply order, owned by the parent
     delete: list[dict[str, Any]] = field(default_factory=list)  # observed children, in delete order
+    # Missing children to create once and never change (the engine key Secret, without its key: the shell adds it).
+    create: list[dict[str, Any]] = field(default_factory=list)
     status: DisaggregatedServingStatus = field(default_factory=DisaggregatedServingStatus)
     write_status: bool = False  # False: the status as written already says exactly this
     events: list[Event] = field(default_factory=list)
@@ -64,17 +68,26 @@ def sync(
 
     # 2. Desired children, owned by the parent and stamped with a hash of what they should hold.
     desired = [with_owner(child, dict(parent)) for child in desired_children(serving)]
+    secret = with_owner(key_secret(serving), dict(parent))
 
-    # 3. What must change: children missing or drifted get applied, children of ours no longer desired are deleted.
-    to_apply, to_delete = _changes(desired, observed, meta["uid"])
+    # 3. What must change: children missing or drifted get applied, children of ours no longer desired are deleted;
+    # the key Secret is created when missing and otherwise left as it is (changing it would rotate the key).
+    to_apply, to_delete = _changes([*desired, secret], observed, meta["uid"])
+    seen = {key(dict(o)) for o in observed}
+    to_create = [o for o in to_apply if kind_of(o) is SECRET and key(o) not in seen]
+    to_apply = [o for o in to_apply if kind_of(o) is not SECRET]
 
     # 4. Status from the observed Deployments; the next pass sees what this one's writes did.
-    new = status_of.compute(serving, _deployments(serving, observed), last, at, _fabric_reports(serving, observed))
+    pods = [o for o in observed if o.get("kind") == POD.kind]
+    fabric = _fabric_reports(serving, observed)
+    new = status_of.compute(serving, _deployments(serving, observed), last, at, pods, fabric)
     write = status_of.differs(previous, status_of.patch_body(new))
 
-    # 5. Events: what changed, and whether Ready flipped.
-    events = _applied_event(to_apply, to_delete) + (_readiness_event(last, new) if write else [])
-    return SyncResult(apply=to_apply, delete=to_delete, status=new, write_status=write, events=events)
+    # 5. Events: what changed, new config warnings, and whether Ready flipped.
+    events = _applied_event(to_create + to_apply, to_delete)
+    if write:
+        events += _warning_event(last, new) + _readiness_event(last, new)
+    return SyncResult(apply=to_apply, delete=to_delete, create=to_create, status=new, write_status=write, events=events)
 
 
 def _changes(
@@ -95,6 +108,14 @@ def _applied_event(to_apply: list[dict[str, Any]], to_delete: list[dict[str, Any
         return []
     changes = ", ".join([*map(_ref, to_apply), *(f"-{_ref(o)}" for o in to_delete)])
     return [Event("Normal", "Applied", f"converged children: {changes}")]
+
+
+def _warning_event(last: DisaggregatedServingStatus | None, new: DisaggregatedServingStatus) -> list[Event]:
+    """Once per new set of warnings, not on every pass."""
+    warning = status_of.config_warning(new)
+    if warning is None or warning == status_of.config_warning(last):
+        return []
+    return [Event("Warning", "ConfigWarning", warning)]
 
 
 def _readiness_event(last: DisaggregatedServingStatus | None, new: DisaggregatedServingStatus) -> list[Event]:

@@ -32,12 +32,18 @@ Cache = Mapping[str, Iterable[dict[str, Any]]]  # a kopf index: uid -> the objec
 class Caches:
     servings: Cache  # parent uid -> the parent
     children: tuple[Cache, ...]  # one per child kind: owner uid -> the children of that kind it owns
+    pods: Cache = field(default_factory=dict)  # "namespace/serving" -> its engine pods (owned by ReplicaSets)
 
     def parent(self, uid: str) -> dict[str, Any] | None:
         return next(iter(self.servings.get(uid, ())), None)
 
     def observed(self, uid: str) -> list[dict[str, Any]]:
-        return [child for index in self.children for child in index.get(uid, ())]
+        owned = [child for index in self.children for child in index.get(uid, ())]
+        parent = self.parent(uid)
+        if parent is None:
+            return owned
+        meta = parent["metadata"]
+        return owned + list(self.pods.get(f"{meta['namespace']}/{meta['name']}", ()))
 
 
 def retry_delay(err: ApiError, failures: int, resync: float) -> float:

@@ -5,6 +5,7 @@ deletion while the operator is down (no finalizer), API error classification, an
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import json
 import os
@@ -30,7 +31,7 @@ from operator_harness import (
 
 from duplex.api.meta import PLURAL
 from duplex.apierrors import ApiError, Failure
-from duplex.children.kinds import CHILD_KINDS, CONFIG_MAP
+from duplex.children.kinds import CHILD_KINDS, CONFIG_MAP, OBSERVED_KINDS
 from duplex.handlers import LEGACY_FINALIZER
 from duplex.kube import Kube
 from duplex.permissions import required
@@ -40,9 +41,18 @@ from duplex_sidecars.router.fabric_report import FabricReporter
 pytestmark = pytest.mark.cluster
 
 SEED = yaml.safe_load((ROOT / "examples/seed.yaml").read_text())
-CHILD_KIND_NAMES = ("serviceaccount", "role", "rolebinding", "configmap", "service", "deployment")
+CHILD_KIND_NAMES = (
+    "serviceaccount",
+    "role",
+    "rolebinding",
+    "configmap",
+    "secret",
+    "service",
+    "networkpolicy",
+    "deployment",
+)
 # What kopf watches for this operator: one LIST at start, then one WATCH each, resumed from the last resourceVersion.
-WATCHED = {"customresourcedefinitions", PLURAL, *(k.plural for k in CHILD_KINDS)}
+WATCHED = {"customresourcedefinitions", PLURAL, *(k.plural for k in (*CHILD_KINDS, *OBSERVED_KINDS))}
 RESYNC_SECONDS = 2.0  # the harness's --resync-seconds
 # A bound on a restarted operator's start (imports, login, LIST and WATCH of every kind): seconds when the machine
 # is quiet, but over a minute has been seen on a 2-core machine shared with CPU vLLM engines.
@@ -122,7 +132,9 @@ EXPECTED_CHILDREN = {
     "role": ["qwen3-32b-router"],
     "rolebinding": ["qwen3-32b-router"],
     "configmap": ["qwen3-32b-fabric", "qwen3-32b-router"],
+    "secret": ["qwen3-32b-engine-key"],
     "service": ["qwen3-32b-decode", "qwen3-32b-prefill", "qwen3-32b-router"],
+    "networkpolicy": ["qwen3-32b-decode", "qwen3-32b-prefill", "qwen3-32b-router"],
     "deployment": ["qwen3-32b-decode", "qwen3-32b-prefill", "qwen3-32b-router"],
 }
 
@@ -314,6 +326,9 @@ def test_invalid_specs_are_rejected_by_the_api_server(op, kubectl, namespace):
         ({"kvTransfer__sideChannelPort": 8000}, "kvTransfer.sideChannelPort must differ from 8000"),
         ({"kvTransfer__loadFailurePolicy": "explode"}, 'Unsupported value: "explode"'),
         ({"prefill__memory": None}, "network.efa.enabled needs prefill.memory and decode.memory"),
+        ({"decode__accelerator": {"type": "aws.amazon.com/neuron"}}, "decode.accelerator.type must be the same"),
+        ({"prefill__extraArgs": ["--kv-cache-dtype=fp8"]}, "must be the same on prefill and decode"),
+        ({"decode__env": [{"name": "VLLM_ATTENTION_BACKEND", "value": "X"}]}, "set it in spec.model.env"),
     ]
     for overrides, expected in cases:
         doc = seed(namespace, **overrides)
@@ -429,7 +444,7 @@ def test_a_restarted_operator_lists_each_watched_kind_once_and_writes_nothing(
     assert sorted(resource(r) for r in watches) == sorted(WATCHED), summary(requests)
     assert all(query(r).get("resourceVersion") for r in watches)
     for r in requests:
-        if r["verb"] in ("list", "watch") and resource(r) in {k.plural for k in CHILD_KINDS}:
+        if r["verb"] in ("list", "watch") and resource(r) in {k.plural for k in (*CHILD_KINDS, *OBSERVED_KINDS)}:
             assert query(r)["labelSelector"] == ["app.kubernetes.io/managed-by=duplex"], r["requestURI"]
     discovery = [r for r in requests if resource(r) is None]
     assert all(r["verb"] == "get" and re.fullmatch(r"/apis?(/[^/?]+){0,2}", r["requestURI"]) for r in discovery)
@@ -589,7 +604,10 @@ def test_operator_identity_is_least_privilege(op, cluster, kubectl):
         allowed.append((verb, f"{name}.{group}" + (f"/{sub}" if sub else "") if group else res))
     denied = [
         ("get", "secrets"),
-        ("list", "pods"),
+        ("patch", "secrets"),  # the engine key is created once, never changed
+        ("update", "secrets"),
+        ("get", "pods"),  # engine pods are watched for their preflight reports, never read one by one
+        ("patch", "pods"),
         ("create", "clusterroles.rbac.authorization.k8s.io"),
         ("delete", "namespaces"),
         ("create", "pods/exec"),
@@ -657,3 +675,101 @@ def test_a_router_fabric_report_becomes_kv_transfer_healthy(op, kubectl, namespa
 
     wait_for(lambda: fabric()["metadata"]["labels"].get("app.kubernetes.io/managed-by") == "duplex", timeout=60)
     assert json.loads(fabric()["data"]["qwen3-32b-router-abc12"])["message"] == slow
+
+
+def secret_key(kubectl: Any, namespace: str) -> tuple[str, str]:
+    """(the engine key, the Secret's resourceVersion)."""
+    secret = kubectl.json("-n", namespace, "get", "secret", "qwen3-32b-engine-key")
+    return base64.b64decode(secret["data"]["api-key"]).decode(), secret["metadata"]["resourceVersion"]
+
+
+def test_the_engines_are_fenced_and_keyed_on_the_api_server(op, kubectl, namespace, wait_for):
+    """kwok enforces no NetworkPolicy, so the policies are checked as stored: selectors that match the pods the
+    Deployments made, and the ports. The engine key: random, created once, read by engines and router from the
+    Secret, never rotated by a pass, never in status, Events or the operator's log; a deleted Secret comes back."""
+    kubectl.apply(seed(namespace))
+    wait_for(lambda: is_ready(kubectl, namespace), timeout=120, what="Ready=True")
+
+    role_pods = {role: pods(kubectl, namespace, role) for role in ("prefill", "decode", "router")}
+    for role, peer in (("prefill", "decode"), ("decode", "prefill")):
+        policy = kubectl.json("-n", namespace, "get", "networkpolicy", f"qwen3-32b-{role}")["spec"]
+        selected = kubectl.json("-n", namespace, "get", "pods", "-l", ",".join(
+            f"{k}={v}" for k, v in policy["podSelector"]["matchLabels"].items()))["items"]  # fmt: skip
+        assert [p["metadata"]["name"] for p in selected] == [p["metadata"]["name"] for p in role_pods[role]]
+        router_rule, scrape_rule, peer_rule = policy["ingress"]
+        assert router_rule == {"from": [{"podSelector": {"matchLabels": {"duplex.dev/serving": "qwen3-32b",
+                               "duplex.dev/role": "router"}}}], "ports": [{"protocol": "TCP", "port": 8000}]}  # fmt: skip
+        assert scrape_rule["from"][0]["namespaceSelector"]["matchExpressions"][0]["values"] == ["monitoring"]
+        assert peer_rule["from"] == [{"podSelector": {"matchLabels": {"duplex.dev/serving": "qwen3-32b",
+                                     "duplex.dev/role": peer}}}]  # fmt: skip
+        assert peer_rule["ports"][0] == {"protocol": "TCP", "port": 5600}
+        assert {(p["port"], p.get("endPort")) for p in peer_rule["ports"][1:]} == {(1024, 7999), (8001, 65535)}
+    router_policy = kubectl.json("-n", namespace, "get", "networkpolicy", "qwen3-32b-router")["spec"]
+    assert router_policy["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8000}]}]
+
+    key, version = secret_key(kubectl, namespace)
+    assert len(key) >= 43
+    ref = {"secretKeyRef": {"name": "qwen3-32b-engine-key", "key": "api-key"}}
+    for role, var in (("prefill", "VLLM_API_KEY"), ("decode", "VLLM_API_KEY"), ("router", "DUPLEX_ENGINE_API_KEY")):
+        (container,) = role_pods[role][0]["spec"]["containers"]
+        assert {"name": var, "valueFrom": ref} in container["env"], role
+    config = json.loads(kubectl.json("-n", namespace, "get", "configmap", "qwen3-32b-router")["data"]["router.json"])
+    assert config["engine_api_key_env"] == "DUPLEX_ENGINE_API_KEY"
+
+    wait_seconds(3 * RESYNC_SECONDS)  # passes go by: the key stays as it was
+    assert secret_key(kubectl, namespace) == (key, version)
+    events = kubectl("-n", namespace, "get", "events", "-o", "json")
+    assert key not in json.dumps(get_dsv(kubectl, namespace)) and key not in events
+    assert key not in op.log_path.read_text()
+
+    kubectl("-n", namespace, "delete", "secret", "qwen3-32b-engine-key", "--wait=true")
+    wait_for(lambda: "qwen3-32b-engine-key" in children(kubectl, namespace)["secret"], timeout=60, what="a new key")
+    again, _ = secret_key(kubectl, namespace)
+    assert again != key and len(again) >= 43
+
+
+def test_a_fabric_override_is_accepted_with_a_warning(op, kubectl, namespace, wait_for):
+    """FI_PROVIDER=tcp on an EFA spec: accepted (ConfigValid True, ValidWithWarnings) with a ConfigWarning Event."""
+    kubectl.apply(seed(namespace, model__env=[{"name": "FI_PROVIDER", "value": "tcp"}]))
+
+    def warned() -> bool:
+        c = condition(get_dsv(kubectl, namespace), "ConfigValid")
+        return bool(c and c["reason"] == "ValidWithWarnings")
+
+    wait_for(warned, timeout=60, what="ConfigValid ValidWithWarnings")
+    c = condition(get_dsv(kubectl, namespace), "ConfigValid")
+    assert c["status"] == "True" and "spec.model.env[0] sets FI_PROVIDER" in c["message"]
+    assert "silent TCP fallback" in c["message"]
+    events = kubectl.json(
+        "-n", namespace, "get", "events", "--field-selector", "involvedObject.kind=DisaggregatedServing"
+    )["items"]
+    (warning,) = [e for e in events if e["reason"] == "ConfigWarning"]
+    assert warning["type"] == "Warning" and warning["message"] == c["message"]
+
+
+def test_preflight_reports_in_engine_pods_become_fabric_ready(op, kubectl, namespace, wait_for):
+    """kwok runs no container, so the kubelet's part is played here: the preflight init container's termination
+    message is written into the pod's status as the kubelet would, and the operator turns it into FabricReady."""
+    kubectl.apply(seed(namespace))
+    wait_for(lambda: is_ready(kubectl, namespace), timeout=120, what="Ready=True")
+    (prefill_pod,) = pods(kubectl, namespace, "prefill")
+    names = [c["name"] for c in prefill_pod["spec"]["initContainers"]]
+    assert names == ["preflight-install", "preflight"]
+    assert condition(get_dsv(kubectl, namespace), "FabricReady")["reason"] == "Pending"
+
+    failed = {"version": 1, "ok": False, "backend": "LIBFABRIC", "checks": [
+        {"name": "efa_devices", "status": "fail", "value": "0 of 16", "message": "found 0 of 16 EFA devices"}]}  # fmt: skip
+    status = {"initContainerStatuses": [
+        {"name": "preflight-install", "ready": False, "restartCount": 0, "image": "duplex", "imageID": "",
+         "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}},
+        {"name": "preflight", "ready": False, "restartCount": 0, "image": "vllm", "imageID": "",
+         "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": json.dumps(failed)}}}]}  # fmt: skip
+    kubectl("-n", namespace, "patch", "pod", prefill_pod["metadata"]["name"], "--subresource=status",
+            "--type=merge", "-p", json.dumps({"status": status}))  # fmt: skip
+
+    def fabric() -> dict[str, Any]:
+        return condition(get_dsv(kubectl, namespace), "FabricReady") or {}
+
+    wait_for(lambda: fabric().get("status") == "False", timeout=60, what="FabricReady=False")
+    assert fabric()["reason"] == "EfaDevices"
+    assert fabric()["message"] == f"pod {prefill_pod['metadata']['name']}: efa_devices: found 0 of 16 EFA devices"

@@ -1,7 +1,11 @@
 """Start and stop `duplex router` processes, on free loopback
 ports (for tests and benchmarks).
 
-    RouterProcess(*args, prefill=[urls], decode=[urls], config=None | dict | path, host="127.0.0.1", port=None)
+    RouterProcess(*args, prefill=[urls], decode=[urls], config=None | dict | path, host="127.0.0.1", port=None,
+                  engine_key=DEV_ENGINE_KEY)
+        The router sends `engine_key` to the engines (as the operator's router sends the Secret's key), so that real
+        vLLM engines launched from the rendered env (launch/vllm.py) accept it; None sends no key. A config file
+        given by path is used as it is.
         start() / wait_ready(timeout) (GET /health) / stop(); `url`, `log_tail()`, `metric(name, **labels)`;
         also a (sync and async) context manager.
 """
@@ -21,6 +25,7 @@ import urllib.request
 from typing import Any
 
 from duplex_dev import processes
+from duplex_dev.launch.engine_key import DEV_ENGINE_KEY, ROUTER_ENV
 from duplex_dev.processes import LaunchError, free_port
 
 
@@ -36,6 +41,7 @@ class RouterProcess:
         env: dict[str, str] | None = None,
         startup_timeout: float = 20.0,
         entry: list[str] | None = None,
+        engine_key: str | None = DEV_ENGINE_KEY,
     ):
         """`entry`: how to start the router after `python` (default `-m duplex.cli router`)."""
         self.entry = entry or ["-m", "duplex.cli", "router"]
@@ -44,7 +50,9 @@ class RouterProcess:
         self.extra_args = list(extra_args)
         self.prefill = list(prefill)
         self.decode = list(decode)
-        self.env = env
+        self.env = {**({ROUTER_ENV: engine_key} if engine_key else {}), **(env or {})}
+        if engine_key and not isinstance(config, str):
+            config = {"engine_api_key_env": ROUTER_ENV, **(config or {})}
         self.startup_timeout = startup_timeout
         fd, self.log_path = tempfile.mkstemp(prefix="duplex-router-", suffix=".log")
         os.close(fd)
@@ -73,7 +81,7 @@ class RouterProcess:
         return cmd + self.extra_args
 
     def start(self) -> RouterProcess:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(self.env or {})}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
         return self

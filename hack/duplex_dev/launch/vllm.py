@@ -42,6 +42,7 @@ from typing import Any
 import yaml
 
 from duplex_dev import models, processes
+from duplex_dev.launch.engine_key import DEV_ENGINE_KEY, ENGINE_ENV
 from duplex_dev.processes import LaunchError, free_port
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -282,6 +283,12 @@ CPU_SUBSTITUTIONS: tuple[Substitution, ...] = (
         "VLLM_NIXL_SIDE_CHANNEL_PORT",
         "engines on one host cannot share the pod's port; a free one each",
         _env("VLLM_NIXL_SIDE_CHANNEL_PORT", lambda lo: lo.side_channel_port),
+    ),
+    Substitution(
+        ENGINE_ENV,
+        "secretKeyRef to the operator's random engine key resolves only in a cluster; the fixed local key, which "
+        "routers started by launch/router.py send",
+        _env(ENGINE_ENV, lambda lo: DEV_ENGINE_KEY),
     ),
     Substitution(
         "env valueFrom",

@@ -41,7 +41,7 @@ def uses_flag(args: list[str], flag: str) -> bool:
     return any(matches(a, flag) for a in args)
 
 
-def _cel(flags: tuple[str, ...]) -> str:
+def flags_cel(flags: tuple[str, ...]) -> str:
     # The same normalisation as flag_key/matches, with Kubernetes' CEL strings extension.
     terms = " || ".join(f"k == '{f}' || (k.size() > 2 && k.startsWith('--') && '{f}'.startsWith(k))" for f in flags)
     key = "a.split('=')[0].split('.')[0].replace('_', '-')"
@@ -61,5 +61,5 @@ def owned_arg_rules(role: str | None) -> tuple[Rule, ...]:
         def holds(m: Any, flags: tuple[str, ...] = flags) -> bool:
             return not any(uses_flag(m.extra_args, f) for f in flags)
 
-        rules.append(Rule(cel=_cel(flags), message=message, holds=holds, field_path=".extraArgs"))
+        rules.append(Rule(cel=flags_cel(flags), message=message, holds=holds, field_path=".extraArgs"))
     return tuple(rules)

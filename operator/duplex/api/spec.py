@@ -12,6 +12,7 @@ from pydantic.alias_generators import to_camel
 
 from duplex import IMAGE
 from duplex.api.owned_args import owned_arg_rules
+from duplex.api.pairing import paired_rules
 from duplex.api.quantity import quantity
 from duplex.api.rules import Checked, Rule
 
@@ -189,11 +190,11 @@ class RoleSpec(Model):
 
 
 class PrefillSpec(RoleSpec):
-    RULES = owned_arg_rules(role="prefill")
+    RULES = owned_arg_rules(role="prefill") + paired_rules()
 
 
 class DecodeSpec(RoleSpec):
-    RULES = owned_arg_rules(role="decode")
+    RULES = owned_arg_rules(role="decode") + paired_rules()
 
 
 class EFASpec(Model):
@@ -215,8 +216,45 @@ class EFASpec(Model):
     same_zone: bool = Field(True, description="Require prefill and decode pods in one availability zone.")
 
 
+NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+
+
+class NetworkPolicySpec(Model):
+    """NetworkPolicies that leave the engines reachable only by this serving's router (HTTP) and by each other (NIXL).
+
+    EFA traffic (SRD) bypasses the kernel network stack, so no NetworkPolicy sees it: the EFA security group
+    bounds it instead."""
+
+    enabled: bool = Field(True, description="Render the NetworkPolicies (needs a CNI that enforces them).")
+    metrics_namespaces: Annotated[list[NamespaceName], Field(max_length=32)] = Field(
+        ["monitoring"],
+        description="Namespaces whose pods may also reach the engines' HTTP port, where vLLM serves /metrics "
+        "(e.g. Prometheus'). /v1 stays guarded by the engine API key. [] leaves the port to the router alone.",
+    )
+
+
+class PreflightSpec(Model):
+    """`duplex preflight` as an init container of engine pods: it proves the fabric before vLLM starts (EFA devices,
+    libfabric's efa provider, hugepages, memlock, fabric env, NIXL backend and a loopback READ); the result becomes
+    the FabricReady condition."""
+
+    enabled: bool | None = Field(
+        None, description="Run the preflight init container; default: when network.efa.enabled."
+    )
+    strict: bool = Field(False, description="Warnings fail the engine pod too (duplex preflight --strict).")
+    image: Annotated[str, Field(min_length=1, max_length=1024)] = Field(
+        IMAGE,
+        description="duplex image that hands the preflight package to the engine image; apart from router.image "
+        "so that rolling the router leaves engines alone (changing this rolls them once).",
+    )
+
+
 class NetworkSpec(Model):
     efa: EFASpec = Field(default_factory=EFASpec, description="EFA settings.")
+    preflight: PreflightSpec = Field(default_factory=PreflightSpec, description="Fabric checks before engines start.")
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec, description="Who may reach the engines and the router."
+    )
 
 
 class KVTransferSpec(Model):
@@ -435,6 +473,13 @@ class DisaggregatedServingSpec(Model):
             message="network.efa.enabled needs prefill.memory and decode.memory: "
             "Kubernetes requires a memory request beside hugepages",
             holds=lambda s: not s.network.efa.enabled or (s.prefill.memory is not None and s.decode.memory is not None),
+        ),
+        Rule(
+            cel="self.prefill.accelerator.type == self.decode.accelerator.type",
+            message="prefill.accelerator.type and decode.accelerator.type must be the same: NixlConnector pairs "
+            "only engines on the same kind of accelerator (same platform, KV layout and buffer device)",
+            holds=lambda s: s.prefill.accelerator.type == s.decode.accelerator.type,
+            field_path=".decode",
         ),
         Rule(
             cel="!has(self.router.conversation.ttl) || self.router.conversation.ttl < self.kvTransfer.decodeBlocksTTL",

@@ -16,6 +16,7 @@ CONDITION_TYPES = (
     "DecodeReady",
     "RouterReady",
     "Progressing",
+    "FabricReady",
     "KVTransferHealthy",
 )
 
@@ -26,7 +27,8 @@ class _Status(Checked):
 
 class Condition(_Status):
     type: str = Field(
-        description="One of Ready, ConfigValid, PrefillReady, DecodeReady, RouterReady, Progressing, KVTransferHealthy."
+        description="One of Ready, ConfigValid, PrefillReady, DecodeReady, RouterReady, Progressing, FabricReady, "
+        "KVTransferHealthy."
     )
     status: Literal["True", "False", "Unknown"]
     reason: str = Field(description="CamelCase reason.")

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from duplex.api.spec import DisaggregatedServingSpec, RoleSpec
-from duplex.children import efa
+from duplex.children import efa, engine_key, preflight
 from duplex.children.kinds import DEPLOYMENT
 from duplex.children.kv_config import kv_transfer_json
 from duplex.children.labels import ENGINE_HASH_ANNOTATION, HTTP_PORT, child_name, labels, selector
@@ -47,8 +47,10 @@ def vllm_args(spec: DisaggregatedServingSpec, role_name: str) -> list[str]:
     return args + list(model.extra_args) + list(role.extra_args)
 
 
-def _env(spec: DisaggregatedServingSpec, role: RoleSpec) -> list[dict[str, Any]]:
+def _env(spec: DisaggregatedServingSpec, role: RoleSpec, serving: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [
+        # vLLM refuses /v1/* without this Bearer token; only the router holds it.
+        engine_key.env(serving, engine_key.ENGINE_ENV),
         # NIXL's side channel must advertise the pod IP: the peer engine connects to it directly.
         {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(spec.kv_transfer.side_channel_port)},
@@ -89,7 +91,7 @@ def _probes() -> dict[str, Any]:
     }
 
 
-def engine_container(spec: DisaggregatedServingSpec, role_name: str) -> dict[str, Any]:
+def engine_container(spec: DisaggregatedServingSpec, role_name: str, serving: str) -> dict[str, Any]:
     role: RoleSpec = getattr(spec, role_name)
     _, mounts = _volumes(spec)
     return {
@@ -98,7 +100,7 @@ def engine_container(spec: DisaggregatedServingSpec, role_name: str) -> dict[str
         "imagePullPolicy": spec.model.image_pull_policy,
         "command": ["vllm", "serve"],
         "args": vllm_args(spec, role_name),
-        "env": _env(spec, role),
+        "env": _env(spec, role, serving),
         "ports": [
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
             {"name": "nixl-side", "containerPort": spec.kv_transfer.side_channel_port, "protocol": "TCP"},
@@ -117,12 +119,18 @@ def config_hash(pod_spec: dict[str, Any]) -> str:
 def engine_deployment(spec: DisaggregatedServingSpec, serving: str, namespace: str, role_name: str) -> dict[str, Any]:
     role: RoleSpec = getattr(spec, role_name)
     volumes, _ = _volumes(spec)
+    engine = engine_container(spec, role_name, serving)
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,  # engines never talk to the API server
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 60,
-        "containers": [engine_container(spec, role_name)],
-        "volumes": volumes,
+    }
+    checks = preflight.init_containers(spec, role, engine["env"], engine["securityContext"])
+    if checks:
+        pod_spec["initContainers"] = checks
+    pod_spec |= {
+        "containers": [engine],
+        "volumes": volumes + preflight.volumes(spec),
         "tolerations": efa.tolerations(role),
     }
     if role.node_selector:

@@ -10,9 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# What the operator does with every child kind: kopf watches it (an initial LIST, then WATCH), server-side apply
+# What the operator does with a child kind: kopf watches it (an initial LIST, then WATCH), server-side apply
 # PATCHes it (and needs `create` when the object does not exist yet), stale children are deleted.
 CHILD_VERBS = ("list", "watch", "create", "patch", "delete")
+# A kind the operator only creates once and never changes (the engine key Secret): no patch.
+CREATE_ONLY_VERBS = ("list", "watch", "create", "delete")
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,7 @@ class ChildKind:
     kind: str
     plural: str
     namespaced: bool = True
+    verbs: tuple[str, ...] = CHILD_VERBS
 
     @property
     def api_version(self) -> str:
@@ -37,10 +40,28 @@ ROLE = ChildKind("rbac.authorization.k8s.io", "v1", "Role", "roles")
 ROLE_BINDING = ChildKind("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings")
 CONFIG_MAP = ChildKind("", "v1", "ConfigMap", "configmaps")
 SERVICE = ChildKind("", "v1", "Service", "services")
+# Created once with a random key, never patched: rotating the key on a pass would cut the router off the engines.
+SECRET = ChildKind("", "v1", "Secret", "secrets", verbs=CREATE_ONLY_VERBS)
+NETWORK_POLICY = ChildKind("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies")
 DEPLOYMENT = ChildKind("apps", "v1", "Deployment", "deployments")
 
-# Apply order: the router's identity and its config exist before the workloads that mount or run as them.
-CHILD_KINDS: tuple[ChildKind, ...] = (SERVICE_ACCOUNT, ROLE, ROLE_BINDING, CONFIG_MAP, SERVICE, DEPLOYMENT)
+# Apply order: the router's identity, its config, the engine key and the policies exist before the workloads that
+# mount, read or are fenced by them.
+CHILD_KINDS: tuple[ChildKind, ...] = (
+    SERVICE_ACCOUNT,
+    ROLE,
+    ROLE_BINDING,
+    CONFIG_MAP,
+    SECRET,
+    SERVICE,
+    NETWORK_POLICY,
+    DEPLOYMENT,
+)
+
+# Watched for what they report, never written: engine pods (their preflight results). Pods are owned by ReplicaSets,
+# so the shell finds a pod's parent by its serving label.
+POD = ChildKind("", "v1", "Pod", "pods", verbs=("list", "watch"))
+OBSERVED_KINDS: tuple[ChildKind, ...] = (POD,)
 
 _BY_TYPE = {(k.api_version, k.kind): k for k in CHILD_KINDS}
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from duplex.api.quantity import quantity
 from duplex.api.spec import DisaggregatedServingSpec
+from duplex.children import engine_key
 from duplex.children.engine import served_model_name
 from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, ROLE, ROLE_BINDING, SERVICE_ACCOUNT
 from duplex.children.kv_config import backend, kv_transfer_config, router_ttl
@@ -95,6 +96,7 @@ def router_config(spec: DisaggregatedServingSpec, serving: str, namespace: str) 
                 namespace=namespace, config_map=fabric_configmap_name(serving), pod_name_env=POD_NAME_ENV
             ),
         ),
+        engine_api_key_env=engine_key.ROUTER_ENV,
     )
 
 
@@ -115,7 +117,10 @@ def router_configmap(spec: DisaggregatedServingSpec, serving: str, namespace: st
 def router_deployment(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> dict[str, Any]:
     router = spec.router
     name = child_name(serving, "router")
-    env: list[dict[str, Any]] = [{"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    env: list[dict[str, Any]] = [
+        engine_key.env(serving, engine_key.ROUTER_ENV),  # sent to the engines as Bearer
+        {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},  # its fabric report's key
+    ]
     if router.store.redis and router.store.redis.url_secret:
         ref = router.store.redis.url_secret
         env.append({"name": REDIS_URL_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})

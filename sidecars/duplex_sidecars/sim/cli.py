@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 import uuid
@@ -50,6 +51,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--engine-id", default=None, help="engine id returned as remote_engine_id; None = sim-<role>-<random>"
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("VLLM_API_KEY") or None,
+        help="refuse /v1/* without this Bearer token (401), as vLLM does; default: $VLLM_API_KEY",
     )
     p.add_argument("--model", "--served-model-name", dest="model", default="sim", help="served model name")
     p.add_argument("--max-model-len", type=int, default=32768, help="prompt + output token limit")
@@ -130,6 +136,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         side_channel_port=args.side_channel_port,
         engine_id=args.engine_id or f"sim-{args.role}-{uuid.uuid4().hex[:8]}",
         model=args.model,
+        api_key=args.api_key,
         max_model_len=args.max_model_len,
         block_size=args.block_size,
         num_blocks=args.num_blocks,

@@ -17,6 +17,7 @@ class SimConfig:
     side_channel_port: int = 5600
     engine_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     model: str = "sim"
+    api_key: str | None = None  # vLLM's --api-key / VLLM_API_KEY: /v1/* needs it as a Bearer token
     max_model_len: int = 32768
     block_size: int = 16
     num_blocks: int = 4096

@@ -7,8 +7,10 @@ without bidirectional transfer); `--no-stream-kv-params` streams none at all, as
 
 from __future__ import annotations
 
+import hmac
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -79,13 +81,33 @@ def _completion_prompt(prompt: Any) -> list[int]:
     raise ApiError(400, "'prompt' must be a string or a list of token ids (batches are not supported)")
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def api_key_guard(api_key: str) -> Any:
+    """vLLM's --api-key: every /v1/* request needs `Authorization: Bearer <key>` (401 otherwise); /health, /metrics
+    and /version stay open to probes and scrapers."""
+    expected = f"Bearer {api_key}".encode()
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method == "OPTIONS" or not request.path.startswith("/v1"):
+            return await handler(request)
+        if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    return guard
+
+
 class OpenAIApi:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.model = engine.cfg.model
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        key = self.engine.cfg.api_key
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[api_key_guard(key)] if key else [])
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)

@@ -32,7 +32,7 @@ FULL: dict[str, Any] = {
     "prefill": {
         "replicas": 2,
         "tensorParallelSize": 4,
-        "accelerator": {"type": "nvidia.com/gpu", "count": 4},
+        "accelerator": {"type": "aws.amazon.com/neuron", "count": 4},
         "cpu": "32",
         "memory": "256Gi",
         "gpuMemoryUtilization": 0.85,
@@ -87,7 +87,9 @@ FULL: dict[str, Any] = {
             "forkSafe": False,
             "libraryPath": "/opt/efa/lib",
             "sameZone": False,
-        }
+        },
+        "networkPolicy": {"enabled": False, "metricsNamespaces": ["observability", "prometheus"]},
+        "preflight": {"enabled": False, "strict": True, "image": "registry.example/duplex:pinned"},
     },
     "kvTransfer": {
         "connector": "NixlConnector",
@@ -134,7 +136,9 @@ FULL_ALT: dict[str, Any] = merge(
     FULL,
     {
         "model": {"cache": {"pvc": None, "hostPath": {"path": "/mnt/raid0"}}},
-        "prefill": {"accelerator": {"type": "aws.amazon.com/neuron"}},
+        # prefill and decode always on one accelerator kind: FULL has both on Neuron
+        "prefill": {"accelerator": {"type": "nvidia.com/gpu"}},
+        "decode": {"accelerator": {"type": "nvidia.com/gpu"}},
         "kvTransfer": {"backend": "LIBFABRIC", "bufferDevice": "cuda"},
         "router": {"store": {"redis": {"url": None, "urlSecret": {"name": "redis", "key": "url"}}}},
     },
@@ -199,7 +203,9 @@ DEFAULTS: dict[str, Any] = {
             "forkSafe": True,
             "libraryPath": "/opt/amazon/efa/lib:/opt/amazon/efa/lib64",
             "sameZone": True,
-        }
+        },
+        "networkPolicy": {"enabled": True, "metricsNamespaces": ["monitoring"]},
+        "preflight": {"enabled": None, "strict": False, "image": duplex.IMAGE},
     },
     "kvTransfer": {
         "connector": "NixlConnector",
@@ -321,7 +327,8 @@ ENUMS: list[tuple[str, Any, list[Any]]] = [
     ("model.imagePullPolicy", "Sometimes", ["Always", "IfNotPresent", "Never"]),
     ("model.dtype", "int8", ["auto", "half", "float16", "bfloat16", "float", "float32"]),
     ("model.blockSize", 24, [1, 8, 16, 32, 64, 128]),
-    ("prefill.accelerator.type", "amd.com/gpu", ["nvidia.com/gpu", "aws.amazon.com/neuron"]),
+    ("prefill.accelerator.type", "amd.com/gpu", ["nvidia.com/gpu"]),  # Neuron needs decode on Neuron too
+    ("decode.accelerator.type", "amd.com/gpu", ["nvidia.com/gpu"]),
     ("kvTransfer.connector", "LMCacheConnectorV1", ["NixlConnector"]),
     ("kvTransfer.backend", "GDS", ["UCX", "LIBFABRIC"]),
     ("kvTransfer.bufferDevice", "xpu", ["cuda", "cpu"]),

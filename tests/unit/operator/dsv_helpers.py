@@ -85,11 +85,13 @@ def arg_value(args: list[str], flag: str) -> str:
 
 
 def may_name_an_owned_flag(arg: str) -> bool:
-    """Whether vLLM's parser could read arg as a flag duplex owns: exactly, as `flag=`, with underscores, with a
-    dotted sub-key, or as an argparse abbreviation. Generated "free" extraArgs stay clear of all of these."""
+    """Whether vLLM's parser could read arg as a flag duplex owns, or one prefill and decode must share: exactly, as
+    `flag=`, with underscores, with a dotted sub-key, or as an argparse abbreviation. Generated "free" extraArgs
+    stay clear of all of these."""
     from duplex.api.owned_args import OWNED_FLAGS, uses_flag
+    from duplex.api.pairing import PAIRED_FLAGS
 
-    owned = [f for flags, _ in OWNED_FLAGS for f in flags]
+    owned = [f for flags, _ in (*OWNED_FLAGS, *PAIRED_FLAGS) for f in flags]
     if any(uses_flag([arg], f) for f in owned):
         return True
     head = arg.split("=", 1)[0]

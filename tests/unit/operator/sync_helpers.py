@@ -11,7 +11,7 @@ from dsv_helpers import doc, spec_dict
 from duplex import status
 from duplex.apierrors import ApiError
 from duplex.converge import owner_reference, with_owner
-from duplex.render import desired_children, parse
+from duplex.render import desired_children, key_secret, parse
 from duplex.sync import sync
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
@@ -25,10 +25,14 @@ ALL = [
     "Service/demo-prefill",
     "Service/demo-decode",
     "Service/demo-router",
+    "NetworkPolicy/demo-prefill",
+    "NetworkPolicy/demo-decode",
+    "NetworkPolicy/demo-router",
     "Deployment/demo-prefill",
     "Deployment/demo-decode",
     "Deployment/demo-router",
 ]
+KEY_SECRET = "Secret/demo-engine-key"  # created once by the shell, never applied
 Objects = list[dict[str, Any]]
 
 
@@ -40,6 +44,9 @@ def observed(of: dict[str, Any], ready: bool = True) -> Objects:
     """The children as the watch delivers them once converged: applied, then stored (uid, resourceVersion), and the
     Deployments rolled out (all pods ready unless `ready` is False)."""
     out = []
+    secret = copy.deepcopy(with_owner(key_secret(parse(of)), of))
+    secret["metadata"].update(uid="uid-demo-engine-key-Secret", resourceVersion="7")
+    out.append({**secret, "data": {"api-key": "c2VjcmV0"}})
     for child in desired_children(parse(of)):
         live = copy.deepcopy(with_owner(child, of))
         live["metadata"].update(uid=f"uid-{live['metadata']['name']}-{live['kind']}", resourceVersion="7")
@@ -93,9 +100,18 @@ BAD = parent({"router": {"conversation": {"ttl": 480}}})  # not strictly below d
 class RecordingKube:
     """Records each write; answers like the API server would (the object as stored)."""
 
-    def __init__(self, fail_apply: ApiError | None = None) -> None:
+    def __init__(self, fail_apply: ApiError | None = None, exists: bool = False) -> None:
         self.calls: list[tuple[str, str]] = []
         self.fail_apply = fail_apply
+        self.exists = exists  # create answers AlreadyExists
+        self.created: list[dict[str, Any]] = []
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(("create", *refs([obj])))
+        if self.exists:
+            raise ApiError(status=409, reason="AlreadyExists")
+        self.created.append(obj)
+        return copy.deepcopy(obj)
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         if self.fail_apply is not None:

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from duplex.api.meta import GROUP, KIND, PLURAL, SHORT_NAME, SINGULAR, VERSION
 from duplex.api.naming import NAME_RULE
 from duplex.api.owned_args import OWNED_FLAGS
+from duplex.api.pairing import PAIRED_ENV, PAIRED_FLAGS
 from duplex.api.rules import Checked
 from duplex.crd import crd, openapi_schema
 from duplex.crd_cli import CRD_FILE
@@ -188,6 +189,7 @@ VIOLATIONS: dict[str, list[dict[str, Any]]] = {
     "DisaggregatedServingSpec": [
         {"prefill": {"tensorParallelSize": 2}},
         {"network": {"efa": {"enabled": True}}},
+        {"decode": {"accelerator": {"type": "aws.amazon.com/neuron"}}},
         {"router": {"conversation": {"ttl": 480}}},
     ],
     "ModelCache": [{}],
@@ -198,9 +200,11 @@ VIOLATIONS: dict[str, list[dict[str, Any]]] = {
     "RedisSpec": [{}],
     "StoreSpec": [{"type": "redis"}],
     "RouterSpec": [{"memory": "128Mi"}, {"replicas": 2}],
+    "ModelSpec": [{"extraArgs": ["--enforce-eager", flags[0], "1"]} for flags, _ in OWNED_FLAGS],
     **{
-        cls: [{"extraArgs": ["--enforce-eager", flags[0], "1"]} for flags, _ in OWNED_FLAGS]
-        for cls in ("ModelSpec", "PrefillSpec", "DecodeSpec")
+        cls: [{"extraArgs": ["--enforce-eager", flags[0], "1"]} for flags, _ in (*OWNED_FLAGS, *PAIRED_FLAGS)]
+        + [{"env": [{"name": "A", "value": "1"}, {"name": PAIRED_ENV[0], "value": "FLASH_ATTN"}]}]
+        for cls in ("PrefillSpec", "DecodeSpec")
     },
 }
 

@@ -209,7 +209,7 @@ def test_gpu_count_defaults_to_tp(tp: int, count: int) -> None:
 
 @pytest.mark.parametrize("tp,count", [(1, 1), (2, 1), (3, 2), (8, 4), (32, 16), (63, 32), (64, 32)])
 def test_neuron_count_defaults_to_half_the_tp_rounded_up(tp: int, count: int) -> None:
-    s = spec({"decode": {"tensorParallelSize": tp, "accelerator": NEURON}})
+    s = spec({"prefill": {"accelerator": NEURON}, "decode": {"tensorParallelSize": tp, "accelerator": NEURON}})
     assert efa.accelerator_count(s.decode) == count
 
 
@@ -218,7 +218,10 @@ def test_explicit_count_wins() -> None:
     assert (
         efa.accelerator_count(
             spec(
-                {"prefill": {"tensorParallelSize": 1, "accelerator": {"type": "aws.amazon.com/neuron", "count": 16}}}
+                {
+                    "prefill": {"tensorParallelSize": 1, "accelerator": {"type": "aws.amazon.com/neuron", "count": 16}},
+                    "decode": {"accelerator": NEURON},
+                }
             ).prefill
         )
         == 16
@@ -227,14 +230,17 @@ def test_explicit_count_wins() -> None:
 
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_neuron_resource_toleration_and_cpu_buffer(role: str) -> None:
-    patch = {role: {"accelerator": NEURON, "tensorParallelSize": 8}, "kvTransfer": {"allowDecodeTPBelowPrefill": True}}
+    other = "decode" if role == "prefill" else "prefill"
+    patch = {
+        role: {"accelerator": NEURON, "tensorParallelSize": 8},
+        other: {"accelerator": NEURON},
+        "kvTransfer": {"allowDecodeTPBelowPrefill": True},
+    }
     ps = pod(patch, role)
     res = ps["containers"][0]["resources"]
     assert res["requests"] == res["limits"] == {"aws.amazon.com/neuron": "4"}
     assert ps["tolerations"] == [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]
-    assert kv_config(patch, role)["kv_buffer_device"] == "cpu"
-    other = "decode" if role == "prefill" else "prefill"
-    assert kv_config(patch, other)["kv_buffer_device"] == "cuda"
+    assert kv_config(patch, role)["kv_buffer_device"] == kv_config(patch, other)["kv_buffer_device"] == "cpu"
 
 
 def test_gpu_resource_toleration_and_cuda_buffer() -> None:
@@ -247,7 +253,13 @@ def test_gpu_resource_toleration_and_cuda_buffer() -> None:
 def test_buffer_device_override() -> None:
     assert kv_config({"kvTransfer": {"bufferDevice": "cpu"}})["kv_buffer_device"] == "cpu"
     assert (
-        kv_config({"kvTransfer": {"bufferDevice": "cuda"}, "prefill": {"accelerator": NEURON}})["kv_buffer_device"]
+        kv_config(
+            {
+                "kvTransfer": {"bufferDevice": "cuda"},
+                "prefill": {"accelerator": NEURON},
+                "decode": {"accelerator": NEURON},
+            }
+        )["kv_buffer_device"]
         == "cuda"
     )
 

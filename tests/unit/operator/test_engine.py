@@ -94,13 +94,14 @@ def test_gpu_memory_utilization_rendering(value: float, text: str) -> None:
 
 
 def test_kv_transfer_config_is_one_json_argument_per_role() -> None:
-    s = spec({"prefill": {"accelerator": {"type": "aws.amazon.com/neuron"}}})
+    neuron = {"accelerator": {"type": "aws.amazon.com/neuron"}}
+    s = spec({"prefill": neuron, "decode": neuron})
     for role in ROLES:
         config = json.loads(arg_value(vllm_args(s, role), "--kv-transfer-config"))
         assert config["kv_connector"] == "NixlConnector"
         assert config["kv_role"] == {"prefill": "kv_producer", "decode": "kv_consumer"}[role]
     assert json.loads(arg_value(vllm_args(s, "prefill"), "--kv-transfer-config"))["kv_buffer_device"] == "cpu"
-    assert json.loads(arg_value(vllm_args(s, "decode"), "--kv-transfer-config"))["kv_buffer_device"] == "cuda"
+    assert json.loads(arg_value(vllm_args(s, "decode"), "--kv-transfer-config"))["kv_buffer_device"] == "cpu"
 
 
 def test_extra_args_follow_the_typed_flags_model_first() -> None:
@@ -193,7 +194,7 @@ def test_user_env_appends_and_overrides_by_name() -> None:
         )
     )
     names = [e["name"] for e in ctr["env"]]
-    assert names == ["VLLM_NIXL_SIDE_CHANNEL_HOST", "A", "VLLM_NIXL_SIDE_CHANNEL_PORT", "B"]
+    assert names == ["VLLM_API_KEY", "VLLM_NIXL_SIDE_CHANNEL_HOST", "A", "VLLM_NIXL_SIDE_CHANNEL_PORT", "B"]
     env = env_map(ctr)
     assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": "9"}
     assert env["B"] == {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from kubernetes_validate import utils as kv_utils
 
 from duplex.crd import crd
-from duplex.render import desired_children, parse
+from duplex.render import desired_children, parse, parse_spec
 
 TARGET = "1.36"
 VERSIONS = sorted(
@@ -164,7 +164,8 @@ def test_variants_validate(variant: str) -> None:
     objs = desired_children(
         parse(doc(merge({"model": {"name": "org/model"}}, VARIANTS[variant]), name="v", namespace="team-a"))
     )
-    assert len(objs) == 11
+    policies = 3 if parse_spec(merge({"model": {"name": "m"}}, VARIANTS[variant])).network.network_policy.enabled else 0
+    assert len(objs) == 11 + policies  # a NetworkPolicy per engine role and the router, unless turned off
     validate_all(objs)
 
 
@@ -301,6 +302,12 @@ def role_specs(draw: st.DrawFn, tp: int, efa: bool) -> dict[str, Any]:
     return role
 
 
+def _same_accelerator(role: dict[str, Any], like: dict[str, Any]) -> dict[str, Any]:
+    """Decode on prefill's kind of accelerator (admission refuses anything else)."""
+    kind = (like.get("accelerator") or {}).get("type", "nvidia.com/gpu")
+    return {**role, "accelerator": {**(role.get("accelerator") or {}), "type": kind}}
+
+
 @st.composite
 def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
     efa = draw(st.booleans())
@@ -341,8 +348,8 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
                 },
             )
         ),
-        "prefill": draw(role_specs(prefill_tp, efa)),
-        "decode": draw(role_specs(decode_tp, efa)),
+        "prefill": (prefill := draw(role_specs(prefill_tp, efa))),
+        "decode": _same_accelerator(draw(role_specs(decode_tp, efa)), prefill),
         "network": {
             "efa": draw(
                 st.fixed_dictionaries(

@@ -63,11 +63,12 @@ def test_every_kv_field_reaches_both_roles(role: str) -> None:
     }
 
 
-def test_both_roles_share_everything_but_role_and_buffer() -> None:
-    s = spec({"prefill": {"accelerator": {"type": "aws.amazon.com/neuron"}}})
+def test_both_roles_share_everything_but_role() -> None:
+    neuron = {"accelerator": {"type": "aws.amazon.com/neuron"}}
+    s = spec({"prefill": neuron, "decode": neuron})
     p, d = kv_transfer_config(s, "prefill"), kv_transfer_config(s, "decode")
-    assert (p["kv_buffer_device"], d["kv_buffer_device"]) == ("cpu", "cuda")
-    for key in ("kv_connector", "kv_load_failure_policy", "kv_connector_extra_config"):
+    assert (p["kv_role"], d["kv_role"]) == ("kv_producer", "kv_consumer")
+    for key in ("kv_connector", "kv_buffer_device", "kv_load_failure_policy", "kv_connector_extra_config"):
         assert p[key] == d[key]
 
 
@@ -87,8 +88,10 @@ def test_backend_derivation() -> None:
 
 
 def test_buffer_device_derivation() -> None:
-    neuron = spec({"decode": {"accelerator": {"type": "aws.amazon.com/neuron"}}})
-    assert buffer_device(neuron, "decode") == "cpu" and buffer_device(neuron, "prefill") == "cuda"
+    on_neuron = {"accelerator": {"type": "aws.amazon.com/neuron"}}
+    neuron = spec({"prefill": on_neuron, "decode": on_neuron})
+    assert buffer_device(neuron, "decode") == buffer_device(neuron, "prefill") == "cpu"
+    assert buffer_device(spec(), "decode") == "cuda"
     assert buffer_device(spec({"kvTransfer": {"bufferDevice": "cpu"}}), "prefill") == "cpu"
 
 

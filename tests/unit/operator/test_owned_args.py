@@ -105,7 +105,7 @@ def test_a_list_of_every_owned_flag_is_rejected_at_extra_args(location: str) -> 
         "--enable-prefix-caching-hash",
         "port",
         "8000",
-        "--tokenizer=--port",
+        "--swap-space=--port",
         "--enforce-eager",
         "--swap-space=8",
         "",

@@ -9,7 +9,7 @@ import yaml
 from dsv_helpers import REPO
 
 from duplex.api.meta import GROUP, PLURAL
-from duplex.children.kinds import CHILD_KINDS
+from duplex.children.kinds import CHILD_KINDS, SECRET
 from duplex.permissions import Permission, required
 
 CLUSTER_ROLE = REPO / "charts/duplex/files/clusterrole.yaml"
@@ -49,6 +49,13 @@ def test_every_child_kind_in_the_table_is_covered() -> None:
     """Adding a kind to the table without its rule fails here (and the first test says which)."""
     need = required()
     for kind in CHILD_KINDS:
-        assert {(kind.group, kind.plural, v) for v in ("list", "watch", "create", "patch", "delete")} <= need
+        assert {(kind.group, kind.plural, v) for v in ("list", "watch", "create", "delete")} <= need
         assert (kind.group, kind.plural, "get") not in need  # reads come from the watch, never a GET
+        assert ((kind.group, kind.plural, "patch") in need) == (kind is not SECRET)
+
+
+def test_secrets_are_created_never_changed_or_read_one_by_one() -> None:
+    """The engine key must not rotate on a pass: the operator cannot patch or update Secrets, nor GET one by name."""
+    need = required()
+    assert {v for g, r, v in need if (g, r) == ("", "secrets")} == {"list", "watch", "create", "delete"}
     assert (GROUP, PLURAL, "get") not in need and (GROUP, PLURAL, "update") not in need

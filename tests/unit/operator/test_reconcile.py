@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sync_helpers import ALL, BAD, LIVE, LOADING, READY, P, RecordingKube, stale
+from sync_helpers import ALL, BAD, KEY_SECRET, LIVE, LOADING, READY, P, RecordingKube, stale
 
 from duplex.apierrors import ApiError
 from duplex.reconcile import reconcile_once
@@ -21,11 +21,26 @@ def test_a_new_parent_applies_everything_then_writes_status_then_posts_events() 
     kube = RecordingKube()
     outcome = reconcile_once(kube, P, [])  # type: ignore[arg-type]
     assert kube.calls == [
+        ("create", KEY_SECRET),
         *(("apply", ref) for ref in ALL),
         ("status", "ns1/demo"),
         ("event", "Normal/Applied"),
     ]
-    assert outcome.applied == ALL and outcome.wrote and not outcome.ready
+    assert outcome.applied == [KEY_SECRET, *ALL] and outcome.wrote and not outcome.ready
+
+
+def test_the_shell_draws_a_fresh_random_key_and_keeps_an_existing_one() -> None:
+    keys = []
+    for _ in range(2):
+        kube = RecordingKube()
+        reconcile_once(kube, P, [])  # type: ignore[arg-type]
+        (secret,) = kube.created
+        keys.append(secret["stringData"]["api-key"])
+    assert keys[0] != keys[1] and min(map(len, keys)) >= 43  # 256 random bits, base64url
+    # The watch had not brought the Secret yet: AlreadyExists means it is there, with its key; the pass goes on.
+    kube = RecordingKube(exists=True)
+    outcome = reconcile_once(kube, P, [])  # type: ignore[arg-type]
+    assert kube.created == [] and outcome.applied == [KEY_SECRET, *ALL]
 
 
 def test_a_converged_parent_makes_no_call_at_all() -> None:

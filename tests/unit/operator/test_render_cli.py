@@ -27,6 +27,9 @@ KINDS = [
     "Service",
     "Service",
     "Service",
+    "NetworkPolicy",
+    "NetworkPolicy",
+    "NetworkPolicy",
     "Deployment",
     "Deployment",
     "Deployment",
@@ -97,6 +100,9 @@ def test_example_renders_the_expected_objects_in_apply_order(example: Path, caps
         ("Service", f"{name}-prefill"),
         ("Service", f"{name}-decode"),
         ("Service", f"{name}-router"),
+        ("NetworkPolicy", f"{name}-prefill"),
+        ("NetworkPolicy", f"{name}-decode"),
+        ("NetworkPolicy", f"{name}-router"),
         ("Deployment", f"{name}-prefill"),
         ("Deployment", f"{name}-decode"),
         ("Deployment", f"{name}-router"),
@@ -188,11 +194,11 @@ def test_several_servings_in_one_file(tmp_path: Path, capsys: pytest.CaptureFixt
         [load(SEED), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}, load(TRAINIUM), None],
     )
     objs = render_file(path, capsys)
-    assert len(objs) == 22
-    assert [o["metadata"]["name"] for o in objs[:11]] == [
+    assert len(objs) == 28
+    assert [o["metadata"]["name"] for o in objs[:14]] == [
         o["metadata"]["name"] for o in desired_children(parse(load(SEED)))
     ]
-    assert objs[11]["metadata"]["name"] == "llama-70b-trn2-router"
+    assert objs[14]["metadata"]["name"] == "llama-70b-trn2-router"
     assert not any(o["kind"] == "Namespace" for o in objs)
 
 
@@ -285,4 +291,4 @@ def test_output_is_the_yaml_stream_of_the_children(capsys: pytest.CaptureFixture
     assert code == 0
     assert out == dump_all(desired_children(parse(load(SEED))))
     assert "&id" not in out and "*id" not in out  # no YAML aliases
-    assert out.count("\n---\n") == 10
+    assert out.count("\n---\n") == 13

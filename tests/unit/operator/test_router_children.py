@@ -14,6 +14,7 @@ from duplex.children.labels import ROLE_LABEL, SERVING_LABEL
 from duplex.children.router import (
     CONFIG_DIR,
     CONFIG_KEY,
+    POD_NAME_ENV,
     REDIS_URL_ENV,
     fabric_configmap,
     router_config,
@@ -108,9 +109,18 @@ def test_router_json_redis_url_from_secret_never_holds_the_url() -> None:
     }
 
 
-def test_no_redis_env_without_a_secret() -> None:
+def test_no_redis_env_without_a_secret_and_the_engine_key_always() -> None:
+    key = {
+        "name": "DUPLEX_ENGINE_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "demo-engine-key", "key": "api-key"}},
+    }
     for patch in (None, REDIS_URL):
-        assert REDIS_URL_ENV not in env_map(container(router_deployment(spec(patch), "demo", "ns1")))
+        env = container(router_deployment(spec(patch), "demo", "ns1"))["env"]
+        assert [e for e in env if e["name"] != POD_NAME_ENV] == [key]
+
+
+def test_the_router_sends_the_engine_key_from_its_env() -> None:
+    assert parsed_config().engine_api_key_env == "DUPLEX_ENGINE_API_KEY"
 
 
 def test_router_json_models_and_body_limit() -> None:

@@ -81,6 +81,7 @@ def test_all_ready_and_updated_is_ready() -> None:
         "DecodeReady",
         "RouterReady",
         "Progressing",
+        "FabricReady",
         "KVTransferHealthy",
     ]
     assert set(c) == set(CONDITION_TYPES)
@@ -367,7 +368,13 @@ def test_kv_transfer_healthy_from_the_routers_reports(reports: dict[str, str], e
 
 def test_the_condition_names_the_router_and_carries_its_message() -> None:
     st = status.patch_body(
-        status.compute(SERVING, all_ready(), None, AT, {"q-router-1": report(False, SLOW), "q-router-2": report(False)})
+        status.compute(
+            SERVING,
+            all_ready(),
+            None,
+            AT,
+            fabric_reports={"q-router-1": report(False, SLOW), "q-router-2": report(False)},
+        )
     )
     c = conds(st)["KVTransferHealthy"]
     assert (c["status"], c["reason"]) == ("False", "TransfersDegraded")

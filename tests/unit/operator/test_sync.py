@@ -13,6 +13,7 @@ import pytest
 from sync_helpers import (
     ALL,
     BAD,
+    KEY_SECRET,
     LIVE,
     LIVE_LOADING,
     LOADING,
@@ -24,6 +25,7 @@ from sync_helpers import (
     Objects,
     P,
     edit,
+    parent,
     refs,
     stale,
 )
@@ -52,6 +54,7 @@ class Case:
     write_status: bool
     conditions: dict[str, tuple[str, str]]  # the conditions that matter for the case
     events: list[tuple[str, str]] = field(default_factory=list)  # (type, reason)
+    create: list[str] = field(default_factory=list)
 
 
 CASES = [
@@ -61,7 +64,7 @@ CASES = [
         apply=ALL, delete=[], write_status=True,
         conditions={"Ready": ("False", "ComponentsNotReady"), "PrefillReady": ("False", "NotCreated"),
                     "ConfigValid": ("True", "Valid")},
-        events=[("Normal", "Applied")],
+        events=[("Normal", "Applied")], create=[KEY_SECRET],
     ),
     Case(
         "converged and ready, status already written: nothing to do",
@@ -156,6 +159,7 @@ CASES = [
 def test_sync(case: Case) -> None:
     result = sync(case.parent, case.observed, case.previous, at=T1)
     assert refs(result.apply) == case.apply
+    assert refs(result.create) == case.create
     assert refs(result.delete) == case.delete
     assert result.write_status is case.write_status
     got = conditions(result)
@@ -233,3 +237,59 @@ def test_a_status_that_no_longer_parses_is_replaced() -> None:
     junk = {"conditions": [{"type": "Ready", "status": "Maybe"}]}
     result = sync(P, LIVE, junk, at=T1)
     assert result.write_status and result.ready
+
+
+# --- the engine key Secret: created once, never changed --------------------------------------------------------
+
+
+def test_the_key_secret_is_created_when_missing_and_the_core_never_holds_a_key() -> None:
+    (secret,) = sync(P, [], None, at=T0).create
+    assert refs([secret]) == [KEY_SECRET] and secret["type"] == "Opaque"
+    assert "data" not in secret and "stringData" not in secret  # the shell draws the key
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert secret["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "duplex"  # the watch's selector
+
+
+def test_an_existing_key_secret_is_never_applied_again_whatever_it_holds() -> None:
+    rotated = edit(LIVE, KEY_SECRET, lambda s: s.update(data={"api-key": "b3RoZXI="}))
+    relabelled = edit(LIVE, KEY_SECRET, lambda s: s["metadata"]["labels"].update(extra="x"))
+    for observed_now in (LIVE, rotated, relabelled):
+        result = sync(P, observed_now, READY, at=T1)
+        assert (result.apply, result.create, result.delete, result.events) == ([], [], [], [])
+
+
+def test_a_deleted_key_secret_is_created_again_once_it_is_gone() -> None:
+    without = [o for o in LIVE if o["kind"] != "Secret"]
+    result = sync(P, without, READY, at=T1)
+    assert refs(result.create) == [KEY_SECRET] and result.apply == []
+    assert result.events == [Event("Normal", "Applied", f"converged children: {KEY_SECRET}")]
+    leaving = edit(LIVE, KEY_SECRET, lambda s: s["metadata"].update(deletionTimestamp=T0))
+    assert sync(P, leaving, READY, at=T1).create == []
+
+
+def test_a_refused_spec_creates_no_key() -> None:
+    assert sync(BAD, [], None, at=T0).create == []
+
+
+def test_workloads_read_the_key_from_the_secret() -> None:
+    apply = {f"{o['kind']}/{o['metadata']['name']}": o for o in sync(P, [], None, at=T0).apply}
+    ref = {"secretKeyRef": {"name": "demo-engine-key", "key": "api-key"}}
+    for name, var in (
+        ("demo-prefill", "VLLM_API_KEY"),
+        ("demo-decode", "VLLM_API_KEY"),
+        ("demo-router", "DUPLEX_ENGINE_API_KEY"),
+    ):
+        (container,) = apply[f"Deployment/{name}"]["spec"]["template"]["spec"]["containers"]
+        assert {"name": var, "valueFrom": ref} in container["env"]
+    assert KEY_SECRET not in apply
+
+
+def test_turning_policies_off_deletes_them() -> None:
+    off = parent({"network": {"networkPolicy": {"enabled": False}}})
+    result = sync(off, LIVE, READY, at=T1)
+    assert sorted(refs(result.delete)) == [
+        "NetworkPolicy/demo-decode",
+        "NetworkPolicy/demo-prefill",
+        "NetworkPolicy/demo-router",
+    ]
+    assert result.apply == [] and result.create == []

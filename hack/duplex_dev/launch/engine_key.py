@@ -1,0 +1,11 @@
+"""The engine API key of local runs. In a cluster the operator draws a random key into `<serving>-engine-key` and
+both the engines (VLLM_API_KEY) and the router (DUPLEX_ENGINE_API_KEY) read it from there; locally no Secret
+resolves, so real engines launched from the rendered env and the routers launched here share this fixed value."""
+
+from __future__ import annotations
+
+from duplex.children.engine_key import ENGINE_ENV, ROUTER_ENV
+
+DEV_ENGINE_KEY = "duplex-dev-engine-key"
+
+__all__ = ["DEV_ENGINE_KEY", "ENGINE_ENV", "ROUTER_ENV"]

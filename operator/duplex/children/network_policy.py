@@ -1,0 +1,78 @@
+"""NetworkPolicies of one serving: nobody reaches the engines but its router.
+
+* Engines (one policy per role): the HTTP port only from this serving's router pods, and from the pods of
+  `network.networkPolicy.metricsNamespaces` (vLLM serves /metrics on the same port; /v1 stays guarded by the engine
+  key); the NIXL side channel and transport only from the other role's pods of this serving (prefill reads decode's
+  blocks back, decode reads prefill's). UCX's TCP transport listens on ports it picks at run time, so the transport
+  rule opens every port but HTTP to the peer role, and only to it.
+* Router: its port open to everyone: it is the API edge.
+
+Only ingress is fenced (engines pull weights from a hub, the router talks to the API server). EFA traffic (SRD)
+goes from device to device past the kernel network stack, so no NetworkPolicy sees it: it is bounded by the EFA
+security group. Kubelet probes come from the node, which CNIs let through.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from duplex.api.spec import DisaggregatedServingSpec
+from duplex.children.kinds import NETWORK_POLICY
+from duplex.children.labels import HTTP_PORT, child_name, labels, selector
+
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
+PEER = {"prefill": "decode", "decode": "prefill"}
+_HIGHEST_PORT = 65535
+_LOWEST_UNPRIVILEGED = 1024
+
+
+def _tcp(port: int, end: int | None = None) -> dict[str, Any]:
+    return {"protocol": "TCP", "port": port, **({"endPort": end} if end is not None else {})}
+
+
+def transport_ports(spec: DisaggregatedServingSpec) -> list[dict[str, Any]]:
+    """The side channel, then every unprivileged port but the engines' HTTP port (UCX's listeners)."""
+    return [
+        _tcp(spec.kv_transfer.side_channel_port),
+        _tcp(_LOWEST_UNPRIVILEGED, HTTP_PORT - 1),
+        _tcp(HTTP_PORT + 1, _HIGHEST_PORT),
+    ]
+
+
+def engine_policy(spec: DisaggregatedServingSpec, serving: str, namespace: str, role: str) -> dict[str, Any]:
+    http = [_tcp(HTTP_PORT)]
+    ingress: list[dict[str, Any]] = [
+        {"from": [{"podSelector": {"matchLabels": selector(serving, "router")}}], "ports": http}
+    ]
+    scrapers = spec.network.network_policy.metrics_namespaces
+    if scrapers:
+        namespaces = {"matchExpressions": [{"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": list(scrapers)}]}
+        ingress.append({"from": [{"namespaceSelector": namespaces}], "ports": http})
+    ingress.append(
+        {"from": [{"podSelector": {"matchLabels": selector(serving, PEER[role])}}], "ports": transport_ports(spec)}
+    )
+    return NETWORK_POLICY.manifest(
+        {"name": child_name(serving, role), "namespace": namespace, "labels": labels(serving, role)},
+        spec={"podSelector": {"matchLabels": selector(serving, role)}, "policyTypes": ["Ingress"], "ingress": ingress},
+    )
+
+
+def router_policy(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> dict[str, Any]:
+    """Open on the router's port, so that a namespace with a default-deny policy still reaches its API edge."""
+    return NETWORK_POLICY.manifest(
+        {"name": child_name(serving, "router"), "namespace": namespace, "labels": labels(serving, "router")},
+        spec={
+            "podSelector": {"matchLabels": selector(serving, "router")},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"ports": [_tcp(HTTP_PORT)]}],
+        },
+    )
+
+
+def network_policies(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> list[dict[str, Any]]:
+    if not spec.network.network_policy.enabled:
+        return []
+    return [
+        *(engine_policy(spec, serving, namespace, r) for r in ("prefill", "decode")),
+        router_policy(spec, serving, namespace),
+    ]
