@@ -42,8 +42,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ours = [item for item in items if Path(str(item.fspath)).is_relative_to(here)]
     for item in ours:
         item.add_marker(pytest.mark.realvllm)
-    # This tier runs last in the session: its three engines live until the session ends, and no other tier should
-    # share the two cores with them. Within it, a test that leaves a request
+    # This tier runs last in the session: its engines live until the session ends, and a decode engine that retains
+    # blocks busy-steps about a core for decoder_kv_blocks_ttl (docs/architecture.md), which starved the
+    # timing-sensitive tiers that used to run after it. Within it, a test that leaves a request
     # stuck on prefill (rig.REPLAY_SECONDS: vLLM 0.32 leaves a failed read waiting) runs last of all.
     stuck = [item for item in ours if item.get_closest_marker("leaves_prefill_stuck")]
     rest = [item for item in ours if item not in stuck]
