@@ -94,9 +94,10 @@ def parse(doc: dict[str, Any], default_namespace: str = "default") -> Serving:
     )
 
 
-def desired_children(serving: Serving) -> list[dict[str, Any]]:
+def desired_children(serving: Serving, key_uid: str | None = None) -> list[dict[str, Any]]:
     """Every object the operator applies for this serving, in apply order (RBAC and config before workloads).
-    Not the engine key Secret: the operator creates that once, with a random key (key_secret)."""
+    Not the engine key Secret: the operator creates that once, with a random key (key_secret); `key_uid`, the uid of
+    the Secret as it exists, is stamped on the workloads' pod templates (a `duplex render` preview has none)."""
     spec, name, ns = serving.spec, serving.name, serving.namespace
     objs: list[dict[str, Any]] = [*router_rbac(name, ns), router_configmap(spec, name, ns), fabric_configmap(name, ns)]
     for role in ROLES:
@@ -104,8 +105,8 @@ def desired_children(serving: Serving) -> list[dict[str, Any]]:
     objs.append(router_service(spec, name, ns))
     objs += network_policies(spec, name, ns)
     for role in ROLES:
-        objs.append(engine_deployment(spec, name, ns, role))
-    objs.append(router_deployment(spec, name, ns))
+        objs.append(engine_deployment(spec, name, ns, role, key_uid))
+    objs.append(router_deployment(spec, name, ns, key_uid))
     return objs
 
 

@@ -66,16 +66,19 @@ def sync(
     except InvalidSpec as err:
         return _refused(meta.get("generation"), str(err), last, previous, at)
 
-    # 2. Desired children, owned by the parent and stamped with a hash of what they should hold.
-    desired = [with_owner(child, dict(parent)) for child in desired_children(serving)]
+    # 2. Desired children, owned by the parent and stamped with a hash of what they should hold; the workloads also
+    # with the uid of the key Secret their pods read (a new Secret, a new key: they roll together).
     secret = with_owner(key_secret(serving), dict(parent))
+    key_uid = _live_uid(secret, observed)
+    desired = [with_owner(child, dict(parent)) for child in desired_children(serving, key_uid)]
 
     # 3. What must change: children missing or drifted get applied, children of ours no longer desired are deleted;
-    # the key Secret is created when missing and otherwise left as it is (changing it would rotate the key).
+    # the key Secret is created when missing and otherwise left as it is (changing it would rotate the key). Until
+    # it exists, the Deployments wait: pods that start before it would read no key or the old one.
     to_apply, to_delete = _changes([*desired, secret], observed, meta["uid"])
     seen = {key(dict(o)) for o in observed}
     to_create = [o for o in to_apply if kind_of(o) is SECRET and key(o) not in seen]
-    to_apply = [o for o in to_apply if kind_of(o) is not SECRET]
+    to_apply = [o for o in to_apply if kind_of(o) is not SECRET and (key_uid or kind_of(o) is not DEPLOYMENT)]
 
     # 4. Status from the observed Deployments; the next pass sees what this one's writes did.
     pods = [o for o in observed if o.get("kind") == POD.kind]
@@ -88,6 +91,15 @@ def sync(
     if write:
         events += _warning_event(last, new) + _readiness_event(last, new)
     return SyncResult(apply=to_apply, delete=to_delete, create=to_create, status=new, write_status=write, events=events)
+
+
+def _live_uid(child: Mapping[str, Any], observed: Sequence[Mapping[str, Any]]) -> str | None:
+    """The uid of the child as stored, unless it is missing or on its way out."""
+    for o in observed:
+        meta = o.get("metadata") or {}
+        if key(dict(o)) == key(dict(child)) and not meta.get("deletionTimestamp"):
+            return meta.get("uid") or None
+    return None
 
 
 def _changes(

@@ -722,10 +722,22 @@ def test_the_engines_are_fenced_and_keyed_on_the_api_server(op, kubectl, namespa
     assert key not in json.dumps(get_dsv(kubectl, namespace)) and key not in events
     assert key not in op.log_path.read_text()
 
+    def key_uids() -> set[str]:
+        return {
+            (d["spec"]["template"]["metadata"].get("annotations") or {}).get("duplex.dev/engine-key-uid", "")
+            for d in kubectl.json("-n", namespace, "get", "deployments", "-l", "duplex.dev/serving=qwen3-32b")["items"]
+        }
+
+    old_uid = kubectl.json("-n", namespace, "get", "secret", "qwen3-32b-engine-key")["metadata"]["uid"]
+    assert key_uids() == {old_uid}  # the pods read this Secret's key
     kubectl("-n", namespace, "delete", "secret", "qwen3-32b-engine-key", "--wait=true")
     wait_for(lambda: "qwen3-32b-engine-key" in children(kubectl, namespace)["secret"], timeout=60, what="a new key")
     again, _ = secret_key(kubectl, namespace)
     assert again != key and len(again) >= 43
+    new_uid = kubectl.json("-n", namespace, "get", "secret", "qwen3-32b-engine-key")["metadata"]["uid"]
+    # engines and router roll together onto the new key, so no pod holds the old one
+    wait_for(lambda: key_uids() == {new_uid}, timeout=60, what="workloads rolled onto the new key")
+    wait_for(lambda: is_ready(kubectl, namespace), timeout=120, what="Ready on the new key")
 
 
 def test_a_fabric_override_is_accepted_with_a_warning(op, kubectl, namespace, wait_for):

@@ -4,9 +4,12 @@ table of CPU substitutions below (and by a test's explicit overrides, recorded t
 
 API (the shape of duplex_dev.launch.sim):
     VllmEngine(role, *, example="examples/seed.yaml", preset="test", kv_extra=None, prefix_caching=None,
-               host="127.0.0.1", port=None, side_channel_port=None, startup_timeout=300.0, keep_log=False)
+               engine_key=True, host="127.0.0.1", port=None, side_channel_port=None, startup_timeout=300.0,
+               keep_log=False)
         One engine. `kv_extra` overrides keys of kv_connector_extra_config (e.g. {"decoder_kv_blocks_ttl": 10});
-        `prefix_caching` True/False overrides the rendered --enable-prefix-caching. Each engine is its own
+        `prefix_caching` True/False overrides the rendered --enable-prefix-caching. As rendered, the engine
+        requires the engine key on /v1 (launch/engine_key.py's local value, which launch/router.py's routers
+        send); `engine_key=False` leaves /v1 open. Each engine is its own
         process group (the API server and its EngineCore child).
         Attributes: role, url, port, side_channel_port, model_dir, changes (what differs from the rendered
                     Deployment and why), log_path.
@@ -318,12 +321,25 @@ CPU_SUBSTITUTIONS: tuple[Substitution, ...] = (
 )
 
 
-def overrides(kv_extra: dict[str, Any] | None, prefix_caching: bool | None) -> tuple[Substitution, ...]:
+def _drop_env(name: str) -> Callable[[EngineCommand, Local], tuple[Any, Any]]:
+    def apply(cmd: EngineCommand, _: Local) -> tuple[Any, Any]:
+        return cmd.env.pop(name, "<absent>"), "<absent>"
+
+    return apply
+
+
+def overrides(
+    kv_extra: dict[str, Any] | None, prefix_caching: bool | None, engine_key: bool = True
+) -> tuple[Substitution, ...]:
     """A test's own changes, applied and recorded like the CPU substitutions."""
     out = [
         Substitution(f"kv_connector_extra_config.{key}", "test override", _extra(key, value))
         for key, value in (kv_extra or {}).items()
     ]
+    if not engine_key:
+        out.append(
+            Substitution(ENGINE_ENV, "test override: /v1 open to callers without the engine key", _drop_env(ENGINE_ENV))
+        )
     if prefix_caching is not None:
         on, off = "--enable-prefix-caching", "--no-enable-prefix-caching"
 
@@ -358,6 +374,7 @@ class VllmEngine:
         preset: str = "test",
         kv_extra: dict[str, Any] | None = None,
         prefix_caching: bool | None = None,
+        engine_key: bool = True,
         host: str = "127.0.0.1",
         port: int | None = None,
         side_channel_port: int | None = None,
@@ -375,7 +392,8 @@ class VllmEngine:
         max_len = int(json.loads((self.model_dir / "config.json").read_text())["max_position_embeddings"])
         local = Local(self.model_dir, max_len, host, self.port, self.side_channel_port)
         self.rendered = rendered_engine(role, example)
-        self.cmd, self.changes = cpu_command(self.rendered, local, overrides(kv_extra, prefix_caching))
+        extra = overrides(kv_extra, prefix_caching, engine_key)
+        self.cmd, self.changes = cpu_command(self.rendered, local, extra)
         fd, log = tempfile.mkstemp(prefix=f"duplex-vllm-{role}-", suffix=".log")
         os.close(fd)
         self.log_path = Path(log)

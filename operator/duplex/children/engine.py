@@ -116,7 +116,9 @@ def config_hash(pod_spec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(pod_spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def engine_deployment(spec: DisaggregatedServingSpec, serving: str, namespace: str, role_name: str) -> dict[str, Any]:
+def engine_deployment(
+    spec: DisaggregatedServingSpec, serving: str, namespace: str, role_name: str, key_uid: str | None = None
+) -> dict[str, Any]:
     role: RoleSpec = getattr(spec, role_name)
     volumes, _ = _volumes(spec)
     engine = engine_container(spec, role_name, serving)
@@ -155,7 +157,13 @@ def engine_deployment(spec: DisaggregatedServingSpec, serving: str, namespace: s
                 "rollingUpdate": {"maxSurge": role.rollout.max_surge, "maxUnavailable": role.rollout.max_unavailable},
             },
             "template": {
-                "metadata": {"labels": pod_labels, "annotations": {ENGINE_HASH_ANNOTATION: config_hash(pod_spec)}},
+                "metadata": {
+                    "labels": pod_labels,
+                    "annotations": {
+                        ENGINE_HASH_ANNOTATION: config_hash(pod_spec),
+                        **engine_key.template_annotations(key_uid),
+                    },
+                },
                 "spec": pod_spec,
             },
         },

@@ -15,6 +15,9 @@ from duplex.children.kinds import SECRET
 from duplex.children.labels import MANAGED_BY, SERVING_LABEL, child_name
 
 SECRET_KEY = "api-key"
+# On the pod templates of engines and router: the uid of the Secret whose key the pods read at start. A Secret deleted
+# and made again holds a new key; the new uid rolls all three Deployments, so old and new keys never meet.
+KEY_ANNOTATION = "duplex.dev/engine-key-uid"
 ENGINE_ENV = "VLLM_API_KEY"  # vLLM's equivalent of --api-key
 ROUTER_ENV = "DUPLEX_ENGINE_API_KEY"  # the router's engine_api_key_env
 
@@ -43,3 +46,7 @@ def engine_key_secret(serving: str, namespace: str) -> dict[str, Any]:
 def with_fresh_key(secret: dict[str, Any]) -> dict[str, Any]:
     """The Secret as the shell creates it: 256 random bits. Never logged, never in status or Events."""
     return {**secret, "stringData": {SECRET_KEY: secrets.token_urlsafe(32)}}
+
+
+def template_annotations(key_uid: str | None) -> dict[str, str]:
+    return {KEY_ANNOTATION: key_uid} if key_uid else {}

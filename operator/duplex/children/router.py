@@ -114,7 +114,9 @@ def router_configmap(spec: DisaggregatedServingSpec, serving: str, namespace: st
     )
 
 
-def router_deployment(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> dict[str, Any]:
+def router_deployment(
+    spec: DisaggregatedServingSpec, serving: str, namespace: str, key_uid: str | None = None
+) -> dict[str, Any]:
     router = spec.router
     name = child_name(serving, "router")
     env: list[dict[str, Any]] = [
@@ -164,7 +166,7 @@ def router_deployment(spec: DisaggregatedServingSpec, serving: str, namespace: s
             "replicas": router.replicas,
             "selector": {"matchLabels": selector(serving, "router")},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+            "template": {"metadata": {"labels": pod_labels, **_annotations(key_uid)}, "spec": pod_spec},
         },
     )
 
@@ -188,3 +190,8 @@ def router_rbac(serving: str, namespace: str) -> list[dict[str, Any]]:
             subjects=[{"kind": SERVICE_ACCOUNT.kind, "name": name, "namespace": namespace}],
         ),
     ]
+
+
+def _annotations(key_uid: str | None) -> dict[str, Any]:
+    annotations = engine_key.template_annotations(key_uid)
+    return {"annotations": annotations} if annotations else {}

@@ -33,6 +33,8 @@ ALL = [
     "Deployment/demo-router",
 ]
 KEY_SECRET = "Secret/demo-engine-key"  # created once by the shell, never applied
+KEY_UID = "uid-demo-engine-key-Secret"
+FIRST = [ref for ref in ALL if not ref.startswith("Deployment/")]  # a new parent: workloads wait for the key
 Objects = list[dict[str, Any]]
 
 
@@ -45,9 +47,9 @@ def observed(of: dict[str, Any], ready: bool = True) -> Objects:
     Deployments rolled out (all pods ready unless `ready` is False)."""
     out = []
     secret = copy.deepcopy(with_owner(key_secret(parse(of)), of))
-    secret["metadata"].update(uid="uid-demo-engine-key-Secret", resourceVersion="7")
+    secret["metadata"].update(uid=KEY_UID, resourceVersion="7")
     out.append({**secret, "data": {"api-key": "c2VjcmV0"}})
-    for child in desired_children(parse(of)):
+    for child in desired_children(parse(of), KEY_UID):
         live = copy.deepcopy(with_owner(child, of))
         live["metadata"].update(uid=f"uid-{live['metadata']['name']}-{live['kind']}", resourceVersion="7")
         if live["kind"] == "Deployment":

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sync_helpers import ALL, BAD, KEY_SECRET, LIVE, LOADING, READY, P, RecordingKube, stale
+from sync_helpers import BAD, FIRST, KEY_SECRET, LIVE, LOADING, READY, P, RecordingKube, stale
 
 from duplex.apierrors import ApiError
 from duplex.reconcile import reconcile_once
@@ -22,11 +22,11 @@ def test_a_new_parent_applies_everything_then_writes_status_then_posts_events() 
     outcome = reconcile_once(kube, P, [])  # type: ignore[arg-type]
     assert kube.calls == [
         ("create", KEY_SECRET),
-        *(("apply", ref) for ref in ALL),
+        *(("apply", ref) for ref in FIRST),
         ("status", "ns1/demo"),
         ("event", "Normal/Applied"),
     ]
-    assert outcome.applied == [KEY_SECRET, *ALL] and outcome.wrote and not outcome.ready
+    assert outcome.applied == [KEY_SECRET, *FIRST] and outcome.wrote and not outcome.ready
 
 
 def test_the_shell_draws_a_fresh_random_key_and_keeps_an_existing_one() -> None:
@@ -40,7 +40,7 @@ def test_the_shell_draws_a_fresh_random_key_and_keeps_an_existing_one() -> None:
     # The watch had not brought the Secret yet: AlreadyExists means it is there, with its key; the pass goes on.
     kube = RecordingKube(exists=True)
     outcome = reconcile_once(kube, P, [])  # type: ignore[arg-type]
-    assert kube.created == [] and outcome.applied == [KEY_SECRET, *ALL]
+    assert kube.created == [] and outcome.applied == [KEY_SECRET, *FIRST]
 
 
 def test_a_converged_parent_makes_no_call_at_all() -> None:

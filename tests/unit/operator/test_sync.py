@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 from sync_helpers import (
-    ALL,
     BAD,
+    FIRST,
     KEY_SECRET,
+    KEY_UID,
     LIVE,
     LIVE_LOADING,
     LOADING,
@@ -59,9 +60,10 @@ class Case:
 
 CASES = [
     Case(
-        "new parent: everything applied in table order, status says nothing exists yet",
+        "new parent: the key Secret created, everything but the workloads applied in table order (they wait for the "
+        "key), status says nothing exists yet",
         P, [], None,
-        apply=ALL, delete=[], write_status=True,
+        apply=FIRST, delete=[], write_status=True,
         conditions={"Ready": ("False", "ComponentsNotReady"), "PrefillReady": ("False", "NotCreated"),
                     "ConfigValid": ("True", "Valid")},
         events=[("Normal", "Applied")], create=[KEY_SECRET],
@@ -203,7 +205,16 @@ def test_what_users_preview_is_what_the_cluster_gets() -> None:
             del meta["annotations"]
         return obj
 
-    assert [unowned(o) for o in sync(P, [], None, at=T0).apply] == desired_children(parse(P))
+    (secret,) = [o for o in LIVE if o["kind"] == "Secret"]
+    applied = [unowned(o) for o in sync(P, [secret], None, at=T0).apply]
+    assert applied == desired_children(parse(P), KEY_UID)
+    # ... which is the preview with the key Secret's uid on the workloads' pod templates
+    for got, preview in zip(applied, desired_children(parse(P)), strict=True):
+        if got["kind"] == "Deployment":
+            got["spec"]["template"]["metadata"]["annotations"].pop("duplex.dev/engine-key-uid")
+            if not got["spec"]["template"]["metadata"]["annotations"]:
+                del got["spec"]["template"]["metadata"]["annotations"]
+        assert got == preview
 
 
 def test_a_refused_spec_reports_the_admission_message_and_keeps_the_last_good_counts() -> None:
@@ -272,15 +283,18 @@ def test_a_refused_spec_creates_no_key() -> None:
 
 
 def test_workloads_read_the_key_from_the_secret() -> None:
-    apply = {f"{o['kind']}/{o['metadata']['name']}": o for o in sync(P, [], None, at=T0).apply}
+    secret = [o for o in LIVE if o["kind"] == "Secret"]
+    apply = {f"{o['kind']}/{o['metadata']['name']}": o for o in sync(P, secret, None, at=T0).apply}
     ref = {"secretKeyRef": {"name": "demo-engine-key", "key": "api-key"}}
     for name, var in (
         ("demo-prefill", "VLLM_API_KEY"),
         ("demo-decode", "VLLM_API_KEY"),
         ("demo-router", "DUPLEX_ENGINE_API_KEY"),
     ):
-        (container,) = apply[f"Deployment/{name}"]["spec"]["template"]["spec"]["containers"]
+        template = apply[f"Deployment/{name}"]["spec"]["template"]
+        (container,) = template["spec"]["containers"]
         assert {"name": var, "valueFrom": ref} in container["env"]
+        assert template["metadata"]["annotations"]["duplex.dev/engine-key-uid"] == KEY_UID
     assert KEY_SECRET not in apply
 
 
@@ -293,3 +307,16 @@ def test_turning_policies_off_deletes_them() -> None:
         "NetworkPolicy/demo-router",
     ]
     assert result.apply == [] and result.create == []
+
+
+def test_a_new_key_rolls_engines_and_router_together_once_it_exists() -> None:
+    """A Secret made again holds a new key: until it exists the workloads stay as they are, then all three roll
+    to pods that read it."""
+    without = [o for o in LIVE if o["kind"] != "Secret"]
+    waiting = sync(P, without, READY, at=T1)
+    assert refs(waiting.create) == [KEY_SECRET] and waiting.apply == []
+    renewed = edit(LIVE, KEY_SECRET, lambda s: s["metadata"].update(uid="uid-new-secret"))
+    rolled = sync(P, renewed, READY, at=T1)
+    assert refs(rolled.apply) == ["Deployment/demo-prefill", "Deployment/demo-decode", "Deployment/demo-router"]
+    for d in rolled.apply:
+        assert d["spec"]["template"]["metadata"]["annotations"]["duplex.dev/engine-key-uid"] == "uid-new-secret"

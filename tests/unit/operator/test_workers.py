@@ -90,8 +90,9 @@ async def test_a_gone_parent_is_forgotten_and_never_comes_round_again() -> None:
     kube = RecordingKube()
     parents = {UID: [P]}
     w = workers(caches(parents, {}), kube)
-    await w._pass(UID)
-    assert metrics.MANAGED_OBJECTS.labels("ns1", "demo", "Deployment")._value.get() == 3
+    await w._pass(UID)  # the key Secret first: the Deployments wait for it
+    assert metrics.MANAGED_OBJECTS.labels("ns1", "demo", "Secret")._value.get() == 1
+    assert metrics.MANAGED_OBJECTS.labels("ns1", "demo", "Service")._value.get() == 3
     w.queue.add(UID, 30)
     del parents[UID]
     assert await w._pass(UID) == (0.0, None)
