@@ -28,7 +28,7 @@ from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.vllm import VllmEngine, start_all
 from duplex_dev.models import SetupMissing
 
-from .rig import REPLAY_SECONDS, SHORT_TTL, wait_ready_engines
+from .rig import REPLAY_SECONDS, SHORT_TTL, keyed_engines, wait_ready_engines
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -84,6 +84,7 @@ def engines(model_dir: Path) -> Iterator[Engines]:
     short_decode = VllmEngine("decode", kv_extra={"decoder_kv_blocks_ttl": SHORT_TTL})
     started = time.monotonic()
     start_all([prefill, decode, short_decode])
+    keyed_engines(prefill, decode, short_decode)
     seconds = time.monotonic() - started
     print(f"\nrealvllm: 3 engines healthy after {seconds:.0f} s")
     for engine in (prefill, short_decode):

@@ -14,6 +14,7 @@ from typing import Any
 
 from duplex_dev import processes
 from duplex_dev.chat import sse_events
+from duplex_dev.launch.engine_key import DEV_ENGINE_KEY
 from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.vllm import CPU_BLOCK_SIZE, VllmEngine
 
@@ -59,7 +60,19 @@ class Response:
         return sse_events(self.raw)
 
 
+# Engines of the session, which require the engine key on /v1 (rendered VLLM_API_KEY, the dev key here).
+_KEYED: set[str] = set()
+
+
+def keyed_engines(*engines: VllmEngine) -> None:
+    _KEYED.update(e.url for e in engines)
+
+
 def post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None, timeout: float = 300) -> Response:
+    """POST JSON. Without `headers`, a request straight to an engine carries the engine key as the router's legs do;
+    `headers={}` sends none."""
+    if headers is None and any(url.startswith(base + "/") for base in _KEYED):
+        headers = {"Authorization": f"Bearer {DEV_ENGINE_KEY}"}
     req = urllib.request.Request(
         url, data=json.dumps(body).encode(), headers={"content-type": "application/json", **(headers or {})}
     )
