@@ -53,5 +53,7 @@ def test_keyed_engines_refuse_strangers_and_serve_the_router() -> None:
             assert prefill.metric("vllm:prompt_tokens_by_source_total", source="external_kv_transfer") > 0
         # a router without the key is refused by the same engines
         with RouterProcess(prefill=[prefill.url], decode=[decode.url], engine_key=None) as stranger:
-            status, _ = post(stranger.url + "/v1/chat/completions", chat([{"role": "user", "content": "hi"}]))
-            assert status != 200, status  # the engines refused its legs (the router relays their 401 today)
+            status, body = post(stranger.url + "/v1/chat/completions", chat([{"role": "user", "content": "hi"}]))
+            # the engines refused its legs: the deployment's fault, so a 502, never the client's 401
+            assert status == 502, (status, body)
+            assert "engine key" in body["error"]["message"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 from typing import Any
 
@@ -17,6 +18,8 @@ from duplex_sidecars.http1.client import EngineClient, EngineConnectError, Engin
 from duplex_sidecars.router import jsonio
 from duplex_sidecars.router.attempts import BROKEN, CONNECT, STATUS_4XX, STATUS_5XX, TIMEOUT, may_resend_stale
 from duplex_sidecars.router.config import TimeoutsConfig
+
+log = logging.getLogger(__name__)
 
 # A prefill carrying decode's blocks is never resent, so it only takes a pooled connection used this recently: an
 # engine closes idle keep-alive connections after its own timeout (vLLM's HTTP server: 5 s by default).
@@ -101,6 +104,13 @@ async def _status_failure(resp: EngineResponse) -> LegFailure:
         body = b""
     finally:
         resp.release()
+    if resp.status in (401, 403):
+        # The engine refused the router's own credentials (engine_api_key_env): a fault of this deployment, not of
+        # the client, whose own key the router has already accepted. Never passed on as the client's 401.
+        log.error(
+            "an engine answered HTTP %d to the router: is engine_api_key_env set to the engines' key?", resp.status
+        )
+        return LegFailure(STATUS_5XX, f"HTTP {resp.status}: the engine refused the router's engine key")
     kind = STATUS_4XX if 400 <= resp.status < 500 else STATUS_5XX
     return LegFailure(kind, f"HTTP {resp.status}", status=resp.status, body=body)
 
