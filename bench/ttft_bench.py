@@ -2,7 +2,8 @@
 reuse and the oracle, in 1P1D and 2P1D, plus a kv_recompute_threshold sweep.
 
     python bench/ttft_bench.py            # the full run (~30 min on 2 cores); bench/results/ttft-<date>.{md,json,png}
-    python bench/ttft_bench.py --quick    # 2 conversations x 3 turns on the test model (< 3 min); ttft-<date>-quick.*
+    python bench/ttft_bench.py --quick    # 2 conversations x 3 turns, the test model (< 3 min); results go to
+                                          # bench/results/tmp/ttft-<date>-quick.* (ignored by git)
 
 See docs/benchmarks.md ("TTFT benchmark") for what each contender is and how to read the numbers.
 """
@@ -13,6 +14,7 @@ import argparse
 import datetime as dt
 import os
 import shlex
+import signal
 import sys
 import time
 import zlib
@@ -51,8 +53,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="kv_recompute_threshold values for the sweep, comma-separated (default 0,64,256,1024; quick: none; "
         "empty: no sweep)",
     )
-    p.add_argument("--sweep-turns", type=int, help="turns per conversation in the sweep (default 6; quick 3)")
-    p.add_argument("--block-ttl", type=float, default=240.0, help="decode's decoder_kv_blocks_ttl, seconds")
+    p.add_argument("--sweep-turns", type=int, help="turns per conversation in the sweep (default 5; quick 3)")
+    p.add_argument("--sweep-conversations", type=int, default=2, help="conversations in the sweep (default 2)")
+    p.add_argument("--block-ttl", type=float, default=150.0, help="decode's decoder_kv_blocks_ttl, seconds")
     p.add_argument("--out", help="results stem (default bench/results/ttft-<date>[-quick])")
     args = p.parse_args(argv)
     q = args.quick
@@ -80,12 +83,14 @@ def run_conversations(
     contenders: tuple[str, ...],
     tag: str,
     extra: dict[str, Any],
-) -> list[dict[str, Any]]:
-    """Every round: the contenders' own copies of the same conversations, turn by turn, contenders interleaved per
+    samples: list[dict[str, Any]],
+) -> None:
+    """Appends to `samples`, as it goes (a failed run keeps what it measured). Every round: the contenders' own copies of the same conversations, turn by turn, contenders interleaved per
     turn (the order rotates), each contender's conversations one after the other (so several are alive at once)."""
-    samples: list[dict[str, Any]] = []
-    for rnd in range(args.rounds if "threshold" not in extra else 1):
-        convs = {c: workload.conversations(args.seed, args.conversations, shape) for c in contenders}
+    sweep = "threshold" in extra
+    for rnd in range(1 if sweep else args.rounds):
+        count = args.sweep_conversations if sweep else args.conversations
+        convs = {c: workload.conversations(args.seed, count, shape) for c in contenders}
         last_end: dict[tuple[str, str], float] = {}
         for turn in range(shape.turns):
             started = time.monotonic()
@@ -118,7 +123,7 @@ def run_conversations(
                             **sample,
                         }
                     )
-            done = [s for s in samples if s["turn"] == turn and s["round"] == rnd]
+            done = [s for s in samples if s["topology"] == label and s["turn"] == turn and s["round"] == rnd]
             line = ", ".join(
                 f"{c} {stats.median([s['ttft_s'] for s in done if s['contender'] == c]):.2f}s" for c in contenders
             )
@@ -127,14 +132,16 @@ def run_conversations(
                 f"{label} round {rnd + 1} turn {turn + 1}/{shape.turns}: ~{tokens:.0f} prompt tokens; "
                 f"TTFT p50 {line} ({time.monotonic() - started:.0f} s)"
             )
-    return samples
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the engines and write what was measured
     command = " ".join(["python", "bench/ttft_bench.py", *map(shlex.quote, argv if argv is not None else sys.argv[1:])])
     date = dt.date.today().isoformat()
-    stem = args.out or os.path.join(results_io.RESULTS, f"ttft-{date}{'-quick' if args.quick else ''}")
+    # A quick run goes beside, not into, the committed results (a top-level one would retire the full run's files).
+    where = os.path.join(results_io.RESULTS, "tmp") if args.quick else results_io.RESULTS
+    stem = args.out or os.path.join(where, f"ttft-{date}{'-quick' if args.quick else ''}")
     tag = f"{int(time.time())}"
     results: dict[str, Any] = {
         "command": command,
@@ -147,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "shape": args.shape.__dict__,
         "sweep_shape": args.sweep_shape.__dict__,
+        "sweep_conversations": args.sweep_conversations,
         "block_ttl_s": args.block_ttl,
         "kv_gib": args.kv_gib,
         "samples": [],
@@ -170,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             use = prefills[:1] if label == "1P1D" else prefills[:2]
             router = rig.start_router(use, decode, "least_outstanding", args.block_ttl)
             try:
-                results["samples"] += run_conversations(
-                    label, use, decode, router, args, args.shape, stats.CONTENDERS, tag, {}
+                run_conversations(
+                    label, use, decode, router, args, args.shape, stats.CONTENDERS, tag, {}, results["samples"]
                 )
             finally:
                 router.stop()
@@ -189,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             start_all([p])
             router = rig.start_router([p], decode, "least_outstanding", args.block_ttl)
             try:
-                results["sweep"] += run_conversations(
+                run_conversations(
                     f"T{threshold}",
                     [p],
                     decode,
@@ -199,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                     (stats.RECOMPUTE, stats.DUPLEX),
                     tag,
                     {"threshold": threshold},
+                    results["sweep"],
                 )
             finally:
                 router.stop()

@@ -59,13 +59,13 @@ class Shape:
     system_words: int = 300
     request_words: int = 80
     tool_words: tuple[int, int] = (380, 500)
-    reply_tokens: tuple[int, int] = (16, 48)
+    reply_tokens: tuple[int, int] = (12, 36)
 
 
 FULL = Shape()
 QUICK = Shape(turns=3, system_words=40, request_words=20, tool_words=(40, 80), reply_tokens=(8, 16))
 # The threshold sweep: short histories, so that kv_recompute_threshold 64..1024 falls inside their range.
-SWEEP = Shape(turns=6, system_words=60, request_words=30, tool_words=(120, 200), reply_tokens=(12, 24))
+SWEEP = Shape(turns=5, system_words=60, request_words=30, tool_words=(120, 200), reply_tokens=(12, 24))
 
 
 @dataclass(frozen=True)
