@@ -5,8 +5,9 @@ A conversation is a system prompt with a tools list, a first user request, and t
 the assistant message that follows the reply), and that tool's output. Tool outputs are what make agentic histories
 long: each turn adds one, so the prompt grows by a tool output plus a reply per turn.
 
-Text is made of the common words the project's model tokenizer was trained on (hack/make_model.py), about one
-token a word, with some numbers and punctuation; exact token counts are what the engine reports per request.
+Text is made of the common words the project's model tokenizer was trained on (hack/make_model.py), with some
+numbers and punctuation: about two tokens a word with the bench model's tokenizer, plus ~500 tokens of tools list.
+The full shape grows from ~850 to ~5.4k prompt tokens over 8 turns; exact counts are what the engine reports.
 """
 
 from __future__ import annotations
@@ -52,20 +53,20 @@ def words() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Shape:
-    """Sizes in words (about tokens): the system prompt, the first request, each tool output (a range: drawn per
+    """Sizes in words: the system prompt, the first request, each tool output (a range: drawn per
     turn), and the replies (max_tokens, a range)."""
 
     turns: int = 8
-    system_words: int = 300
-    request_words: int = 80
-    tool_words: tuple[int, int] = (380, 500)
+    system_words: int = 150
+    request_words: int = 40
+    tool_words: tuple[int, int] = (170, 230)
     reply_tokens: tuple[int, int] = (12, 36)
 
 
 FULL = Shape()
 QUICK = Shape(turns=3, system_words=40, request_words=20, tool_words=(40, 80), reply_tokens=(8, 16))
 # The threshold sweep: short histories, so that kv_recompute_threshold 64..1024 falls inside their range.
-SWEEP = Shape(turns=5, system_words=60, request_words=30, tool_words=(120, 200), reply_tokens=(12, 24))
+SWEEP = Shape(turns=5, system_words=20, request_words=10, tool_words=(60, 100), reply_tokens=(12, 24))
 
 
 @dataclass(frozen=True)
