@@ -88,6 +88,7 @@ def run_conversations(
     """Appends to `samples`, as it goes (a failed run keeps what it measured). Every round: the contenders' own copies of the same conversations, turn by turn, contenders interleaved per
     turn (the order rotates), each contender's conversations one after the other (so several are alive at once)."""
     sweep = "threshold" in extra
+    calmed: set[int] = set()
     for rnd in range(1 if sweep else args.rounds):
         count = args.sweep_conversations if sweep else args.conversations
         convs = {c: workload.conversations(args.seed, count, shape) for c in contenders}
@@ -104,6 +105,7 @@ def run_conversations(
                     )
                     if contender == stats.ORACLE:
                         rig.warm(prefills, body, conv.prefix(turn))
+                    rig.calm_spinners([*prefills, decode], calmed)
                     gap = time.monotonic() - last_end[(contender, conv.name)] if turn else None
                     sample, text = rig.measure(
                         prefills, decode, router, body, key if contender == stats.DUPLEX else None
@@ -163,10 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     topologies = [t.strip() for t in args.topologies.split(",") if t.strip()]
     need_second = "2P1D" in topologies
+    # Core plan: decode on CPU 1, every prefill on CPU 0 (in 2P1D only one computes at a time: turns are sequential).
     decode = rig.engine(
-        "decode", args.preset, args.kv_gib["decode"], kv_extra={"decoder_kv_blocks_ttl": int(args.block_ttl)}
+        "decode", args.preset, args.kv_gib["decode"], "1", kv_extra={"decoder_kv_blocks_ttl": int(args.block_ttl)}
     )
-    prefills = [rig.engine("prefill", args.preset, args.kv_gib["prefill"]) for _ in range(2 if need_second else 1)]
+    prefills = [rig.engine("prefill", args.preset, args.kv_gib["prefill"], "0") for _ in range(2 if need_second else 1)]
     engines = [*prefills, decode]
     try:
         say(f"starting {len(engines)} engines ({args.preset} model), one OpenMP thread each")
@@ -191,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                 "prefill",
                 args.preset,
                 args.kv_gib["prefill"],
+                "0",
                 prefix_caching=False,
                 kv_extra={"kv_recompute_threshold": threshold},
             )
