@@ -54,7 +54,7 @@ class PinnedEngine(VllmEngine):
         return ["taskset", "-c", self.cpus, *argv], env
 
 
-def engine(role: str, preset: str, kv_gib: float, cpus: str, **kw: Any) -> VllmEngine:
+def engine(role: str, preset: str, kv_gib: int, cpus: str, **kw: Any) -> VllmEngine:
     """A rendered engine on `cpus` with a KV cache of `kv_gib` GiB: decode keeps every finished turn's blocks for
     the block TTL, so it needs more than the launcher's default while three contenders' conversations are alive."""
     e = PinnedEngine(role, cpus, preset=preset, startup_timeout=900, **kw)
