@@ -83,7 +83,7 @@ bench-http: $(STAMP)
 	$(PY) bench/http_bench.py
 
 ## Multi-turn TTFT on real vLLM CPU engines behind the router: recompute, duplex and the oracle in 1P1D and 2P1D,
-## and a kv_recompute_threshold sweep (~30 min; `.venv/bin/python bench/ttft_bench.py --quick` is a 3-minute smoke run).
+## and a kv_recompute_threshold sweep (~45 min on 2 shared cores; `.venv/bin/python bench/ttft_bench.py --quick`: a smoke run).
 bench-ttft: $(STAMP)
 	@$(PY) -c "import matplotlib" 2>/dev/null || $(VENV)/bin/pip install -q -e '.[bench]'
 	$(PY) bench/ttft_bench.py

@@ -1,7 +1,7 @@
 """Multi-turn TTFT on real vLLM CPU engines through the real `duplex router`: recompute, duplex's bidirectional
 reuse and the oracle, in 1P1D and 2P1D, plus a kv_recompute_threshold sweep.
 
-    python bench/ttft_bench.py            # the full run (~30 min on 2 cores); bench/results/ttft-<date>.{md,json,png}
+    python bench/ttft_bench.py            # the full run (~45 min on 2 shared cores); bench/results/ttft-<date>.{md,json,png}
     python bench/ttft_bench.py --quick    # 2 conversations x 3 turns, the test model (< 3 min); results go to
                                           # bench/results/tmp/ttft-<date>-quick.* (ignored by git)
 
@@ -58,7 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--block-ttl", type=float, default=150.0, help="decode's decoder_kv_blocks_ttl, seconds")
     p.add_argument(
         "--kv-gib",
-        help="KV cache GiB (whole: vLLM reads an int) per prefill and for decode, as PREFILL,DECODE (default 2,4; quick 1,1)",
+        help="KV cache GiB (whole: vLLM reads an int) per prefill and for decode, as PREFILL,DECODE (default 1,3; quick 1,1)",
     )
     p.add_argument("--out", help="results stem (default bench/results/ttft-<date>[-quick])")
     args = p.parse_args(argv)
@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     raw = args.sweep_threshold if args.sweep_threshold is not None else ("" if q else "0,64,256,1024")
     args.thresholds = [int(x) for x in raw.split(",") if x.strip()]
     # KV budgets (GiB): decode keeps every finished turn for the block TTL; the bench model's KV is 16 KiB a token.
-    prefill_gib, decode_gib = (int(x) for x in (args.kv_gib or ("1,1" if q else "2,4")).split(","))
+    prefill_gib, decode_gib = (int(x) for x in (args.kv_gib or ("1,1" if q else "1,3")).split(","))
     args.kv_gib = {"prefill": prefill_gib, "decode": decode_gib}
     return args
 
