@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup run test lint image test-unit test-cluster test-vllm test-realvllm test-image test-chart crds docs crds-check render cluster-up cluster-down bench bench-router bench-http clean
+.PHONY: setup run test lint image test-unit test-cluster test-vllm test-realvllm test-image test-chart crds docs crds-check render cluster-up cluster-down bench bench-router bench-http bench-ttft clean
 
 $(STAMP): pyproject.toml hack/pyproject.toml hack/versions.sh hack/setup.sh hack/build-tools.sh
 	bash hack/setup.sh
@@ -81,6 +81,12 @@ bench-router: $(STAMP)
 ## The HTTP layer alone: the router's own server against uvicorn (httptools), side by side.
 bench-http: $(STAMP)
 	$(PY) bench/http_bench.py
+
+## Multi-turn TTFT on real vLLM CPU engines behind the router: recompute, duplex and the oracle in 1P1D and 2P1D,
+## and a kv_recompute_threshold sweep (~45 min on 2 shared cores; `.venv/bin/python bench/ttft_bench.py --quick`: a smoke run).
+bench-ttft: $(STAMP)
+	@$(PY) -c "import matplotlib" 2>/dev/null || $(VENV)/bin/pip install -q -e '.[bench]'
+	$(PY) bench/ttft_bench.py
 
 clean:
 	-$(VENV)/bin/duplex-dev cluster down
