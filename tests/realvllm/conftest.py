@@ -6,7 +6,7 @@ Engines of the session (started together; ~1-2 minutes on 2 cores):
 * `prefill`: prefix caching off (a test override), so every token reused from decode is a NIXL read on prefill and
   shows up in its counters;
 * `decode`: as rendered;
-* `short_decode`: decoder_kv_blocks_ttl 10 s (a test override), shorter than the router believes, so its entries
+* `short_decode`: decoder_kv_blocks_ttl 30 s (rig.SHORT_TTL, a test override), shorter than the router believes, so its entries
   expire on the engine while the router still replays them.
 
 A missing CPU vLLM install or model is a failure, never a skip (in CI and locally), with the set-up hint.
@@ -99,7 +99,8 @@ def engines(model_dir: Path) -> Iterator[Engines]:
 
 # The router's health probe is 2 s by default; on 2 shared cores an engine busy with a prefill can take longer to
 # answer /health, which would take it out of rotation for nothing. A replaying prefill that hangs (vLLM 0.32, see
-# rig.REPLAY_SECONDS) is abandoned sooner than the default 30 s, to keep the tier short.
+# rig.REPLAY_SECONDS) is abandoned after rig.REPLAY_SECONDS rather than the rendered 30 s: a good replay on 2
+# loaded cores can take longer than that.
 ROUTER_CONFIG: dict[str, Any] = {
     "health_check": {"interval_seconds": 1.0, "timeout_seconds": 20.0},
     "timeouts": {"replay_prefill_seconds": REPLAY_SECONDS},

@@ -18,15 +18,19 @@ from duplex_dev.launch.engine_key import DEV_ENGINE_KEY
 from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.vllm import CPU_BLOCK_SIZE, VllmEngine
 
-SHORT_TTL = 10  # seconds; prefill declines a read within 5 s of expiry (pull_worker's safety margin)
+# Seconds; prefill declines a read within 5 s of expiry (pull_worker's safety margin), so a follow-up turn has
+# SHORT_TTL - 5 s to start its read: 10 s left too little on 2 cores shared with busy-stepping engines.
+SHORT_TTL = 30
 EXTERNAL = "vllm:prompt_tokens_by_source_total"
 # Observed on vLLM 0.32 (CPU build) in every run: after prefill declines (expired blocks) or fails (decode gone,
 # NIXL_ERR_REMOTE_DISCONNECT) a D->P read, the worker logs "Skipping KV post-processing for failed request", and the
 # request then stays in WAITING_FOR_REMOTE_KVS ("KV fetch: 1 in progress") instead of being recomputed under
 # kv_load_failure_policy=recompute. The router abandons such a replaying prefill leg after
-# timeouts.replay_prefill_seconds and recomputes (the tier's routers use REPLAY_SECONDS).
-REPLAY_SECONDS = 20
-STUCK_TURN_SECONDS = 120  # a turn this slow is a hang, not a slow machine
+# timeouts.replay_prefill_seconds and recomputes (the tier's routers use REPLAY_SECONDS). A replay that works can
+# take 20 s and more on 2 cores shared with decode engines busy-stepping while they retain blocks (seen in CI and
+# on a loaded machine: the read done, the leg abandoned as hung), so this is long enough for a slow good replay.
+REPLAY_SECONDS = 60
+STUCK_TURN_SECONDS = 240  # a turn this slow (the replay budget, then a recompute) is a hang, not a slow machine
 LONG = "Please summarise the following report in detail, and answer every question in it. " * 4
 
 

@@ -97,7 +97,7 @@ def test_too_few_reusable_tokens_are_recomputed_by_prefill(engines, router):
 
 @pytest.mark.leaves_prefill_stuck
 def test_blocks_expired_on_the_engine_are_declined_and_recomputed(engines, short_router):
-    """decode was started with decoder_kv_blocks_ttl 10 s while the router keeps entries 450 s: the router replays,
+    """decode was started with decoder_kv_blocks_ttl SHORT_TTL (30 s) while the router keeps entries 450 s: the router replays,
     prefill sees from remote_blocks_expiry_time that the blocks are (within 5 s of) expired and declines the read.
     vLLM 0.32 then leaves that request waiting (rig.REPLAY_SECONDS): the router abandons the replaying leg and
     prefill recomputes, so the client still gets the recompute's answer."""
