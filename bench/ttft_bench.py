@@ -31,7 +31,7 @@ import ttft_rig as rig
 import ttft_stats as stats
 import ttft_workload as workload
 
-from duplex_dev.launch.vllm import VllmEngine, start_all
+from duplex_dev.launch.vllm import VllmEngine, calm_spinners, start_all
 
 _T0 = time.monotonic()
 
@@ -110,7 +110,7 @@ def run_conversations(
                     )
                     if contender == stats.ORACLE:
                         rig.warm(prefills, body, conv.prefix(turn))
-                    rig.calm_spinners([*prefills, decode], calmed)
+                    calm_spinners([*prefills, decode], calmed)
                     gap = time.monotonic() - last_end[(contender, conv.name)] if turn else None
                     sample, text = rig.measure(
                         prefills, decode, router, body, key if contender == stats.DUPLEX else None

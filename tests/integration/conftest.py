@@ -129,6 +129,16 @@ class Kubectl:
     def as_kubeconfig(self, kubeconfig: Path) -> Kubectl:
         return Kubectl(self.binary, kubeconfig)
 
+    def service_account_kubeconfig(self, namespace: str, account: str, path: Path) -> Path:
+        """A kubeconfig at `path` that acts as the ServiceAccount (a TokenRequest token, as a pod would hold)."""
+        token = self("-n", namespace, "create", "token", account).strip()
+        config = yaml.safe_load(Path(self.kubeconfig).read_text())
+        config["users"] = [{"name": account, "user": {"token": token}}]
+        config["contexts"] = [{"name": account, "context": {"cluster": config["clusters"][0]["name"], "user": account}}]
+        config["current-context"] = account
+        path.write_text(yaml.safe_dump(config))
+        return path
+
 
 @pytest.fixture(scope="session")
 def kubectl(cluster: LocalCluster) -> Kubectl:

@@ -12,7 +12,6 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -629,13 +628,7 @@ def test_a_router_fabric_report_becomes_kv_transfer_healthy(op, kubectl, namespa
     wait_for(lambda: is_ready(kubectl, namespace), timeout=120, what="Ready=True")
     assert condition(get_dsv(kubectl, namespace), "KVTransferHealthy")["reason"] == "NoReports"
 
-    token = kubectl("-n", namespace, "create", "token", "qwen3-32b-router").strip()
-    as_router = yaml.safe_load(Path(kubectl.kubeconfig).read_text())
-    as_router["users"] = [{"name": "router", "user": {"token": token}}]
-    as_router["contexts"] = [{"name": "r", "context": {"cluster": as_router["clusters"][0]["name"], "user": "router"}}]
-    as_router["current-context"] = "r"
-    kubeconfig = tmp_path / "router.kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump(as_router))
+    kubeconfig = kubectl.service_account_kubeconfig(namespace, "qwen3-32b-router", tmp_path / "router.kubeconfig")
     router_json = json.loads(
         kubectl.json("-n", namespace, "get", "configmap", "qwen3-32b-router")["data"]["router.json"]
     )

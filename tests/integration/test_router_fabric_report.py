@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from duplex_sidecars.router.config import FabricReportConfig
 from duplex_sidecars.router.endpointslices import ApiAccess
@@ -41,14 +40,7 @@ def router_identity(kubectl, namespace: str, config_map: str, tmp_path: Path) ->
         ],
         namespace,
     )
-    token = kubectl("-n", namespace, "create", "token", "router").strip()
-    admin = yaml.safe_load(Path(kubectl.kubeconfig).read_text())
-    admin["users"] = [{"name": "router", "user": {"token": token}}]
-    admin["contexts"] = [{"name": "router", "context": {"cluster": admin["clusters"][0]["name"], "user": "router"}}]
-    admin["current-context"] = "router"
-    path = tmp_path / "router.kubeconfig"
-    path.write_text(yaml.safe_dump(admin))
-    return path
+    return kubectl.service_account_kubeconfig(namespace, "router", tmp_path / "router.kubeconfig")
 
 
 def reports(kubectl, namespace: str, name: str) -> dict[str, dict]:

@@ -558,3 +558,44 @@ async def async_vllm_pair(
         yield prefill, decode
     finally:
         await asyncio.gather(asyncio.to_thread(prefill.stop), asyncio.to_thread(decode.stop))
+
+
+def _group_pids(pgid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[3]) == pgid:
+                out.append(int(entry))
+    return out
+
+
+def calm_spinners(engines: list[VllmEngine], seen: set[int]) -> int:
+    """Puts the helper threads of the engines' workers (NIXL's UCX progress thread polls without sleeping) in the
+    SCHED_IDLE class: they then run only when their core has nothing else to do, instead of taking half of the core
+    the model computes on. The worker's own thread (tid == pid), which computes, keeps the normal class. Threads
+    appear lazily (on a first transfer), so this runs before every turn; returns how many threads it changed."""
+    changed = 0
+    for e in engines:
+        if e.record is None:
+            continue
+        for pid in _group_pids(e.record.pid):
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() != "VLLM::Worker":
+                    continue
+                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            except OSError:
+                continue
+            for tid in tids:
+                if tid == pid or tid in seen:
+                    continue
+                try:
+                    os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+                except OSError:
+                    continue
+                seen.add(tid)
+                changed += 1
+    return changed

@@ -23,6 +23,7 @@ import aiohttp
 
 from duplex_sidecars.router.config import FabricReportConfig
 from duplex_sidecars.router.endpointslices import ApiAccess
+from duplex_sidecars.tasks import cancel_all
 
 log = logging.getLogger(__name__)
 
@@ -105,11 +106,7 @@ class FabricReporter:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_all([self._task])
             self._task = None
         if self._session is not None:
             await self._session.close()
