@@ -121,7 +121,8 @@ ROUTER_CONFIG: dict[str, Any] = {
 
 
 def _router(prefill: VllmEngine, decode: VllmEngine) -> RouterProcess:
-    return RouterProcess(prefill=[prefill.url], decode=[decode.url], config=ROUTER_CONFIG)
+    # A router's start (imports, first probes) can take over 20 s while the engines keep both cores busy.
+    return RouterProcess(prefill=[prefill.url], decode=[decode.url], config=ROUTER_CONFIG, startup_timeout=120.0)
 
 
 @pytest.fixture(scope="session")
