@@ -29,7 +29,7 @@ from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.vllm import VllmEngine, calm_spinners, start_all
 from duplex_dev.models import SetupMissing
 
-from .rig import REPLAY_SECONDS, SHORT_TTL, keyed_engines, wait_ready_engines
+from .rig import LONG, REPLAY_SECONDS, SHORT_TTL, chat, keyed_engines, wait_ready_engines
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -47,10 +47,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # blocks busy-steps about a core for decoder_kv_blocks_ttl (docs/architecture.md), which starved the
     # timing-sensitive tiers that used to run after it. Within it, a test that leaves a request
     # stuck on prefill (rig.REPLAY_SECONDS: vLLM 0.32 leaves a failed read waiting) runs last of all.
-    stuck = [item for item in ours if item.get_closest_marker("leaves_prefill_stuck")]
+    # Those run in their marker's `order`: the engine-side expiry first, while only prefill is stuck-free, then the
+    # decode restart, which leaves a restarted decode and a stuck prefill behind.
+    stuck = sorted(
+        (item for item in ours if item.get_closest_marker("leaves_prefill_stuck")),
+        key=lambda item: item.get_closest_marker("leaves_prefill_stuck").kwargs.get("order", 0),
+    )
     rest = [item for item in ours if item not in stuck]
     mine = set(map(id, ours))
     items[:] = [item for item in items if id(item) not in mine] + rest + stuck
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed test of this tier carries the tails of the logs of the engines and routers it used: a hang on 2
+    shared cores is otherwise impossible to tell apart from a bug."""
+    report = yield
+    if report.failed and call.when in ("call", "setup"):
+        for name, value in getattr(item, "funcargs", {}).items():
+            parts = value.all() if isinstance(value, Engines) else [value]
+            for part in parts:
+                if isinstance(part, (VllmEngine, RouterProcess)):
+                    what = f"{name} {getattr(part, 'role', 'router')} {part.url}"
+                    report.sections.append((f"log tail: {what}", part.log_tail(80)))
+    return report
 
 
 def _in_ci() -> bool:
@@ -79,29 +99,55 @@ class Engines:
 
 
 @pytest.fixture(scope="session")
-def engines(model_dir: Path) -> Iterator[Engines]:
-    prefill = VllmEngine("prefill", prefix_caching=False)
-    decode = VllmEngine("decode")
-    short_decode = VllmEngine("decode", kv_extra={"decoder_kv_blocks_ttl": SHORT_TTL})
+def engines(model_dir: Path, request: pytest.FixtureRequest) -> Iterator[Engines]:
+    # Logs are kept: rig.Counters counts prefill's declined reads in its log, and a failure shows their tails.
+    prefill = VllmEngine("prefill", prefix_caching=False, keep_log=True)
+    decode = VllmEngine("decode", keep_log=True)
+    short_decode = VllmEngine("decode", kv_extra={"decoder_kv_blocks_ttl": SHORT_TTL}, keep_log=True)
     started = time.monotonic()
     start_all([prefill, decode, short_decode])
     keyed_engines(prefill, decode, short_decode)
-    # An engine's worker polls NIXL's UCX progress at about a core even when idle, and 2 cores host 3 engines: put
-    # those helper threads in SCHED_IDLE (the compute threads keep their class), again as new ones appear.
-    stop = threading.Event()
-    calmer = threading.Thread(target=_calm, args=([prefill, decode, short_decode], stop), daemon=True)
-    calmer.start()
     seconds = time.monotonic() - started
     print(f"\nrealvllm: 3 engines healthy after {seconds:.0f} s")
-    for engine in (prefill, short_decode):
-        print(
-            f"{engine.role} {engine.url} differs from the rendered Deployment in:\n  "
-            + "\n  ".join(map(str, engine.changes))
-        )
-    yield Engines(prefill, decode, short_decode, seconds)
-    stop.set()
-    for engine in (prefill, decode, short_decode):
-        engine.stop()
+    stop = threading.Event()
+    kept = True  # the logs stay unless every test of the session passed
+    try:
+        # The first NIXL handshakes of each decode with prefill, both ways, now, before the spinners are calmed and
+        # while nothing else runs: later, engines that retain blocks or hold a stuck read keep both cores busy, and a
+        # handshake slower than the 30 s KV lease lost prefill's blocks (seen: 36 s, and in CI a first turn that
+        # never finished).
+        for target in (decode, short_decode):
+            print(f"realvllm: two turns prefill <-> {target.url}: {_warm_up(prefill, target):.1f} s")
+        # An engine's worker polls NIXL's UCX progress at about a core even when idle, and 2 cores host 3 engines:
+        # put those helper threads in SCHED_IDLE (the compute threads keep their class), again as new ones appear.
+        calmer = threading.Thread(target=_calm, args=([prefill, decode, short_decode], stop), daemon=True)
+        calmer.start()
+        for engine in (prefill, short_decode):
+            print(
+                f"{engine.role} {engine.url} differs from the rendered Deployment in:\n  "
+                + "\n  ".join(map(str, engine.changes))
+            )
+        yield Engines(prefill, decode, short_decode, seconds)
+        kept = bool(request.session.testsfailed)
+    finally:
+        stop.set()
+        for engine in (prefill, decode, short_decode):
+            engine.stop()
+            if kept:
+                print(f"realvllm: {engine.role} log kept: {engine.log_path}")
+            else:
+                engine.log_path.unlink(missing_ok=True)
+
+
+def _warm_up(prefill: VllmEngine, decode: VllmEngine) -> float:
+    """A first and a follow-up turn through a router: decode reads prefill's blocks, then prefill reads decode's."""
+    started = time.monotonic()
+    with _router(prefill, decode) as r:
+        wait_ready_engines(r)
+        messages = [{"role": "user", "content": LONG}]
+        messages.append({"role": "assistant", "content": chat(r.url, messages, "warm-up").text})
+        chat(r.url, [*messages, {"role": "user", "content": "Go on."}], "warm-up")
+    return time.monotonic() - started
 
 
 def _calm(engines: list[VllmEngine], stop: threading.Event) -> None:

@@ -25,7 +25,7 @@ from .rig import (
 RESTART_SECONDS = 900
 
 
-@pytest.mark.leaves_prefill_stuck
+@pytest.mark.leaves_prefill_stuck(order=2)
 def test_decode_killed_and_restarted(engines, router):
     conv = f"restart-{uuid.uuid4().hex}"
     messages = [{"role": "user", "content": LONG}]

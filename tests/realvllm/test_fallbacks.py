@@ -95,7 +95,7 @@ def test_too_few_reusable_tokens_are_recomputed_by_prefill(engines, router):
     assert_same_answer(result, chat(engines.prefill.url, messages, max_tokens=8))
 
 
-@pytest.mark.leaves_prefill_stuck
+@pytest.mark.leaves_prefill_stuck(order=1)
 def test_blocks_expired_on_the_engine_are_declined_and_recomputed(engines, short_router):
     """decode was started with decoder_kv_blocks_ttl SHORT_TTL (30 s) while the router keeps entries 450 s: the router replays,
     prefill sees from remote_blocks_expiry_time that the blocks are (within 5 s of) expired and declines the read.
@@ -111,7 +111,7 @@ def test_blocks_expired_on_the_engine_are_declined_and_recomputed(engines, short
     finally:
         delta = Counters.read(engines.prefill, short_router) - before
         print(f"\nturn after the engine-side expiry: {delta}")
-        assert delta.expired == 1, "prefill did not decline the expired read"
+        assert delta.declined == 1, "prefill did not decline the expired read"
     assert delta.misses.get("prefill_retry") == 1  # the replay was abandoned, the owed recompute answered
     assert delta.hits == 0
     # The router goes on serving this conversation. The next turn is sent right away:
@@ -124,9 +124,9 @@ def test_blocks_expired_on_the_engine_are_declined_and_recomputed(engines, short
     # not isolated), it declines this replay as expired too and the router falls back again: never both, never none.
     print(f"turn after that: {delta}")
     if delta.hits == 1:
-        assert delta.expired == 0 and delta.external == delta.reused > 0
+        assert delta.declined == 0 and delta.external == delta.reused > 0
     else:
-        assert delta.misses == {"prefill_retry": 1} and delta.expired == 1 and delta.external == 0
+        assert delta.misses == {"prefill_retry": 1} and delta.declined == 1 and delta.external == 0
     assert_same_answer(result, chat(engines.prefill.url, messages))
     assert_same_answer(again, chat(engines.prefill.url, follow_up))
 

@@ -42,7 +42,7 @@ def test_follow_up_turns_read_exactly_the_replayed_tokens_from_decode(engines, r
             assert delta.local_hit == 0
             assert delta.reads == 1
             assert delta.read_bytes == blocks(len(covered)) * block_bytes(model_dir)
-            assert delta.expired == delta.failed == 0
+            assert delta.declined == delta.failed == 0
         assert result.usage["completion_tokens"] == TOKENS
         assert_same_answer(result, chat(engines.prefill.url, messages, max_tokens=TOKENS))
         messages.append({"role": "assistant", "content": result.text})

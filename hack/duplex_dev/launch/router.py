@@ -100,8 +100,11 @@ class RouterProcess:
             if self.process.poll() is not None:
                 raise LaunchError(f"duplex router exited with {self.process.returncode}:\n{self.log_tail()}")
             if time.monotonic() > deadline:
+                tail = self.log_tail()  # before stop(), which removes the log of a router that exits cleanly
                 self.stop()
-                raise LaunchError(f"duplex router not healthy on {self.url}:\n{self.log_tail()}")
+                raise LaunchError(
+                    f"duplex router not healthy on {self.url} after {timeout or self.startup_timeout:g} s:\n{tail}"
+                )
             time.sleep(0.05)
         return self
 

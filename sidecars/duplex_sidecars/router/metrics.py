@@ -193,7 +193,8 @@ class RouterMetrics:
         self.kv_expired_reads = _Children(
             Counter(
                 "duplex_router_kv_expired_reads",
-                "Reads an engine declined because the blocks expired (vllm:nixl_num_kv_expired_reqs).",
+                "An engine's expired KV (vllm:nixl_num_kv_expired_reqs): on prefill, declined reads of (nearly) expired decode "
+                "blocks and its own blocks unread within the lease; on decode, retained blocks aged out unread.",
                 ["role", "endpoint"],
                 registry=r,
             )
