@@ -89,7 +89,26 @@ def _role_condition(
         return "False", "RollingOut", f"{updated}/{desired} {kind} pods updated, {old} old still running"
     if ready >= desired and updated >= desired:
         return "True", "AllReplicasReady", f"{ready}/{desired} {kind} pods ready"
+    if starting(deployment):
+        return "False", "Starting", f"{ready}/{desired} {kind} pods ready, within the progress deadline"
     return "False", "ReplicasNotReady", f"{ready}/{desired} {kind} pods ready, {updated} updated"
+
+
+# The Deployment controller's reasons on its Progressing condition while a rollout (a first start too) goes on and
+# is within progressDeadlineSeconds; NewReplicaSetAvailable means it completed, ProgressDeadlineExceeded (with status
+# False) that it failed.
+_IN_PROGRESS = frozenset({"NewReplicaSetCreated", "FoundNewReplicaSet", "ReplicaSetUpdated"})
+
+
+def starting(deployment: Mapping[str, Any]) -> bool:
+    """Pods not ready yet, and the Deployment still within its progress deadline: starting, not failing. A pod that
+    breaks after the rollout completed is not starting (the controller leaves NewReplicaSetAvailable in place)."""
+    st = deployment.get("status") or {}
+    generation = (deployment.get("metadata") or {}).get("generation")
+    if generation is not None and (st.get("observedGeneration") or 0) < generation:
+        return True  # the controller has not looked at this spec yet
+    progressing: Mapping[str, Any] = next((c for c in st.get("conditions") or [] if c.get("type") == "Progressing"), {})
+    return progressing.get("status") == "True" and progressing.get("reason") in _IN_PROGRESS
 
 
 class _Conditions:

@@ -1,7 +1,7 @@
 """The Argo CD health check against the live operator, and the captured status fixtures it is unit-tested on.
 
-Each case drives a real DisaggregatedServing into one state (created, Healthy, Progressing, Degraded twice,
-Suspended), runs the Lua check on the live object, and compares the object's status shape (keys, types, condition
+Each case drives a real DisaggregatedServing into one state (created, Healthy, Progressing twice, Degraded
+twice, Suspended), runs the Lua check on the live object, and compares the object's status shape (keys, types, condition
 statuses and reasons) with its fixture in tests/fixtures/dsv-status/: the test fails when the operator's status
 drifts from what the fixtures, and so the unit-tested check, assume. DUPLEX_UPDATE_FIXTURES=1 rewrites them."""
 
@@ -109,21 +109,38 @@ def test_healthy_then_progressing(operator, kubectl, namespace, wait_for):
     check_against_fixture("progressing", get(kubectl, namespace), namespace)
 
 
-def test_role_not_ready(operator, kubectl, namespace, wait_for):
+def _decode_unschedulable(kubectl: Any, namespace: str, deadline: int | None = None) -> None:
     doc = seed(namespace)
     doc["spec"]["decode"]["nodeSelector"] = {"node.kubernetes.io/instance-type": "p6-b300.48xlarge"}
+    if deadline is not None:
+        doc["spec"]["decode"]["rollout"] = {"progressDeadlineSeconds": deadline}
     kubectl.apply(doc)
 
-    def decode_stuck() -> bool:
-        obj = get(kubectl, namespace)
-        c = conditions(obj)
-        return (
-            settled(obj)
-            and c.get("DecodeReady", {}).get("reason") == "ReplicasNotReady"
-            and c.get("PrefillReady", {}).get("status") == "True"
-        )
 
-    wait_for(decode_stuck, timeout=180, what="prefill ready, decode pending")
+def _decode_reason(kubectl: Any, namespace: str, reason: str) -> bool:
+    obj = get(kubectl, namespace)
+    c = conditions(obj)
+    return (
+        settled(obj)
+        and c.get("DecodeReady", {}).get("reason") == reason
+        and c.get("PrefillReady", {}).get("status") == "True"
+    )
+
+
+def test_role_starting(operator, kubectl, namespace, wait_for):
+    """Decode pods that cannot start yet, within the Deployment's progress deadline (600 s by default): Progressing,
+    as Argo CD shows a Deployment, so a first start that loads a model for minutes is never Degraded."""
+    _decode_unschedulable(kubectl, namespace)
+    wait_for(lambda: _decode_reason(kubectl, namespace, "Starting"), timeout=180, what="prefill ready, decode starting")
+    check_against_fixture("starting", get(kubectl, namespace), namespace)
+
+
+def test_role_not_ready(operator, kubectl, namespace, wait_for):
+    """The same past a 10 s progress deadline: the Deployment controller marks ProgressDeadlineExceeded, Degraded."""
+    _decode_unschedulable(kubectl, namespace, deadline=10)
+    wait_for(
+        lambda: _decode_reason(kubectl, namespace, "ReplicasNotReady"), timeout=180, what="decode past its deadline"
+    )
     check_against_fixture("degraded-role-not-ready", get(kubectl, namespace), namespace)
 
 

@@ -20,7 +20,8 @@ EXPECTED = {
     "healthy": "Healthy",
     "progressing": "Progressing",  # an engine roll that cannot finish (surge pod unschedulable)
     "degraded-invalid-spec": "Degraded",  # the operator refuses the spec
-    "degraded-role-not-ready": "Degraded",  # decode pods on the current spec, not ready (unschedulable)
+    "starting": "Progressing",  # decode pods on the current spec, not ready yet, within the progress deadline
+    "degraded-role-not-ready": "Degraded",  # decode pods not ready past the progress deadline (unschedulable)
     "suspended": "Suspended",  # prefill scaled to zero
 }
 # Only what Argo CD's sandbox offers health scripts (base functions, table, string, math, and a safe os).

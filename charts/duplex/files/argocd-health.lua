@@ -35,8 +35,9 @@ if ready ~= nil and ready.status == "True" then
   return hs
 end
 
--- Not ready. A roll in progress is Progressing; a role scaled to zero on purpose is Suspended; a role whose pods are
--- on the current spec and still not ready (unschedulable, crashing, failing probes) is Degraded.
+-- Not ready. A roll in progress, or a role starting within its Deployment's progress deadline (rollout
+-- .progressDeadlineSeconds), is Progressing; a role scaled to zero on purpose is Suspended; a role whose pods are on
+-- the current spec and still not ready past that deadline (unschedulable, crashing, failing probes) is Degraded.
 local progressing = conditions["Progressing"]
 local rolling = progressing ~= nil and progressing.status == "True"
 local failing, pending, suspended = {}, {}, {}
@@ -46,7 +47,7 @@ for _, role in ipairs({ "PrefillReady", "DecodeReady", "RouterReady" }) do
     local message = c.message or role
     if c.reason == "ScaledToZero" then
       table.insert(suspended, message)
-    elseif rolling or c.reason == "NotCreated" or c.reason == "RollingOut" then
+    elseif rolling or c.reason == "NotCreated" or c.reason == "RollingOut" or c.reason == "Starting" then
       table.insert(pending, message)
     else
       table.insert(failing, message)

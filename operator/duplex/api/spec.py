@@ -148,6 +148,16 @@ class Accelerator(Model):
 class RolloutSpec(Model):
     max_surge: int = Field(1, ge=0, le=100, description="Extra pods allowed during a roll (needs spare nodes).")
     max_unavailable: int = Field(0, ge=0, le=100, description="Pods that may be down during a roll.")
+    progress_deadline_seconds: int = Field(
+        600,
+        ge=10,
+        le=86_400,
+        description=(
+            "How long a roll or a first start may go without progress before the role counts as failed (Degraded in "
+            "Argo CD) rather than starting (the Deployment's progressDeadlineSeconds). Loading a large model can "
+            "take longer than the default."
+        ),
+    )
 
     RULES = (
         Rule(

@@ -152,6 +152,7 @@ def engine_deployment(
         spec={
             "replicas": role.replicas,
             "selector": {"matchLabels": selector(serving, role_name)},
+            "progressDeadlineSeconds": role.rollout.progress_deadline_seconds,
             "strategy": {
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxSurge": role.rollout.max_surge, "maxUnavailable": role.rollout.max_unavailable},

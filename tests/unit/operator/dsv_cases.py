@@ -52,7 +52,7 @@ FULL: dict[str, Any] = {
             {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway"}
         ],
         "priorityClassName": "high",
-        "rollout": {"maxSurge": 0, "maxUnavailable": 1},
+        "rollout": {"maxSurge": 0, "maxUnavailable": 1, "progressDeadlineSeconds": 1800},
         "env": [{"name": "P", "value": "p"}, {"name": "P2", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}],
         "extraArgs": ["--max-num-partial-prefills", "2"],
     },
@@ -73,7 +73,7 @@ FULL: dict[str, Any] = {
             {"maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule"}
         ],
         "priorityClassName": "higher",
-        "rollout": {"maxSurge": 2, "maxUnavailable": 1},
+        "rollout": {"maxSurge": 2, "maxUnavailable": 1, "progressDeadlineSeconds": 900},
         "env": [{"name": "D", "value": "d"}, {"name": "D2", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
         "extraArgs": ["--swap-space", "8"],
     },
@@ -187,7 +187,7 @@ DEFAULTS: dict[str, Any] = {
             "affinity": None,
             "topologySpreadConstraints": [],
             "priorityClassName": None,
-            "rollout": {"maxSurge": 1, "maxUnavailable": 0},
+            "rollout": {"maxSurge": 1, "maxUnavailable": 0, "progressDeadlineSeconds": 600},
             "env": [],
             "extraArgs": [],
         }
@@ -309,6 +309,7 @@ BOUNDS: list[tuple[str, Any, Any, Any, Any, dict[str, Any]]] = [
     ("decode.maxNumBatchedTokens", 0, 1, 16_777_216, 16_777_217, {}),
     ("prefill.rollout.maxSurge", -1, 0, 100, 101, {"prefill": {"rollout": {"maxUnavailable": 1}}}),
     ("decode.rollout.maxUnavailable", -1, 0, 100, 101, {}),
+    ("prefill.rollout.progressDeadlineSeconds", 9, 10, 86_400, 86_401, {}),
     ("model.maxModelLen", 0, 1, 16_777_216, 16_777_217, {}),
     ("network.efa.devicesPerPod", 0, 1, 64, 65, {}),
     ("kvTransfer.decodeBlocksTTL", 59, 60, 86400, 86401, {}),

@@ -39,7 +39,8 @@ def serverize(obj: dict[str, Any]) -> dict[str, Any]:
     kind = live["kind"]
     if kind == "Deployment":
         spec = live["spec"]
-        spec.update(progressDeadlineSeconds=600, revisionHistoryLimit=10)
+        spec.setdefault("progressDeadlineSeconds", 600)
+        spec.setdefault("revisionHistoryLimit", 10)
         pod = spec["template"]["spec"]
         pod.update(
             dnsPolicy="ClusterFirst", restartPolicy="Always", schedulerName="default-scheduler", securityContext={}

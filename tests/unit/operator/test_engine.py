@@ -250,7 +250,7 @@ def test_placement_fields_pass_through() -> None:
 
 def test_deployment_metadata_replicas_strategy() -> None:
     d = deployment(
-        {"prefill": {"replicas": 3, "rollout": {"maxSurge": 0, "maxUnavailable": 2}}},
+        {"prefill": {"replicas": 3, "rollout": {"maxSurge": 0, "maxUnavailable": 2, "progressDeadlineSeconds": 1200}}},
         "prefill",
         name="qwen",
         namespace="inference",
@@ -259,7 +259,9 @@ def test_deployment_metadata_replicas_strategy() -> None:
     assert d["metadata"]["name"] == "qwen-prefill" and d["metadata"]["namespace"] == "inference"
     assert d["spec"]["replicas"] == 3
     assert d["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 2}}
+    assert d["spec"]["progressDeadlineSeconds"] == 1200
     assert deployment(role="decode", name="qwen")["metadata"]["name"] == "qwen-decode"
+    assert deployment(role="decode", name="qwen")["spec"]["progressDeadlineSeconds"] == 600
 
 
 @pytest.mark.parametrize("role", ROLES)

@@ -380,3 +380,36 @@ def test_the_condition_names_the_router_and_carries_its_message() -> None:
     assert (c["status"], c["reason"]) == ("False", "TransfersDegraded")
     assert c["message"] == f"router q-router-1: {SLOW} (and 1 more routers)"
     assert conds(st)["Ready"]["status"] == "True", "transfer health is reported beside readiness, not folded into it"
+
+
+# --- Starting: pods not ready within the Deployment's progress deadline ------------------------------------------
+
+
+def progressing(deployment: dict[str, Any], status: str, reason: str) -> dict[str, Any]:
+    deployment["status"]["conditions"] = [{"type": "Progressing", "status": status, "reason": reason}]
+    return deployment
+
+
+@pytest.mark.parametrize(
+    ("condition", "reason"),
+    [
+        (("True", "NewReplicaSetCreated"), "Starting"),
+        (("True", "ReplicaSetUpdated"), "Starting"),
+        (("True", "FoundNewReplicaSet"), "Starting"),
+        (("False", "ProgressDeadlineExceeded"), "ReplicasNotReady"),
+        # The rollout completed earlier and a pod broke since: failing, not starting.
+        (("True", "NewReplicaSetAvailable"), "ReplicasNotReady"),
+    ],
+)
+def test_a_role_not_ready_is_starting_only_within_the_progress_deadline(condition, reason) -> None:
+    deployments = all_ready()
+    deployments["decode"] = progressing(dep(1, ready=0), *condition)
+    c = conds(compute(deployments))
+    assert (c["DecodeReady"]["status"], c["DecodeReady"]["reason"]) == ("False", reason)
+    assert c["Ready"]["status"] == "False"
+
+
+def test_a_deployment_the_controller_has_not_seen_is_starting() -> None:
+    deployments = all_ready()
+    deployments["prefill"] = dep(1, ready=0, generation=2, observed=1)
+    assert conds(compute(deployments))["PrefillReady"]["reason"] == "Starting"
