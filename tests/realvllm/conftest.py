@@ -2,12 +2,15 @@
 (hack/make_model.py), started once per session from what `duplex render -f examples/seed.yaml` emits, and the real
 `duplex router` in front of them.
 
-Engines of the session (started together; ~1-2 minutes on 2 cores):
+Engines of the session (started together; ~1 minute on 2 cores), two only: a third engine on 2 cores starved
+the others' health probes and NIXL handshakes past every bound in CI:
 * `prefill`: prefix caching off (a test override), so every token reused from decode is a NIXL read on prefill and
   shows up in its counters;
-* `decode`: as rendered;
-* `short_decode`: decoder_kv_blocks_ttl 30 s (rig.SHORT_TTL, a test override), shorter than the router believes, so its entries
-  expire on the engine while the router still replays them.
+* `decode`: decoder_kv_blocks_ttl rig.DECODE_TTL (a test override of the rendered 480 s), so that a router that
+  believes the rendered TTL (`stale_router`) replays blocks the engine has already dropped, within a test's time.
+
+Routers: `router` knows decode's TTL (conversation TTL below it, as the operator renders); `stale_router` believes
+the rendered 480 s.
 
 A missing CPU vLLM install or model is a failure, never a skip (in CI and locally), with the set-up hint.
 """
@@ -29,7 +32,7 @@ from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.vllm import VllmEngine, calm_spinners, start_all
 from duplex_dev.models import SetupMissing
 
-from .rig import LONG, REPLAY_SECONDS, SHORT_TTL, chat, keyed_engines, wait_ready_engines
+from .rig import DECODE_TTL, LONG, REPLAY_SECONDS, chat, keyed_engines, wait_ready_engines
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -47,8 +50,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # blocks busy-steps about a core for decoder_kv_blocks_ttl (docs/architecture.md), which starved the
     # timing-sensitive tiers that used to run after it. Within it, a test that leaves a request
     # stuck on prefill (rig.REPLAY_SECONDS: vLLM 0.32 leaves a failed read waiting) runs last of all.
-    # Those run in their marker's `order`: the engine-side expiry first, while only prefill is stuck-free, then the
-    # decode restart, which leaves a restarted decode and a stuck prefill behind.
+    # Those run in their marker's `order`: the decode restart first, while prefill holds no stuck read (a stuck read
+    # keeps prefill's engine core and worker stepping on both cores, and a restart then took over 10 minutes), then
+    # the engine-side expiry, which needs no new engine.
     stuck = sorted(
         (item for item in ours if item.get_closest_marker("leaves_prefill_stuck")),
         key=lambda item: item.get_closest_marker("leaves_prefill_stuck").kwargs.get("order", 0),
@@ -91,47 +95,44 @@ def model_dir() -> Path:
 class Engines:
     prefill: VllmEngine
     decode: VllmEngine
-    short_decode: VllmEngine
     startup_seconds: float
 
     def all(self) -> list[VllmEngine]:
-        return [self.prefill, self.decode, self.short_decode]
+        return [self.prefill, self.decode]
 
 
 @pytest.fixture(scope="session")
 def engines(model_dir: Path, request: pytest.FixtureRequest) -> Iterator[Engines]:
     # Logs are kept: rig.Counters counts prefill's declined reads in its log, and a failure shows their tails.
     prefill = VllmEngine("prefill", prefix_caching=False, keep_log=True)
-    decode = VllmEngine("decode", keep_log=True)
-    short_decode = VllmEngine("decode", kv_extra={"decoder_kv_blocks_ttl": SHORT_TTL}, keep_log=True)
+    decode = VllmEngine("decode", kv_extra={"decoder_kv_blocks_ttl": DECODE_TTL}, keep_log=True)
     started = time.monotonic()
-    start_all([prefill, decode, short_decode])
-    keyed_engines(prefill, decode, short_decode)
+    start_all([prefill, decode])
+    keyed_engines(prefill, decode)
     seconds = time.monotonic() - started
-    print(f"\nrealvllm: 3 engines healthy after {seconds:.0f} s")
+    print(f"\nrealvllm: 2 engines healthy after {seconds:.0f} s")
     stop = threading.Event()
     kept = True  # the logs stay unless every test of the session passed
     try:
-        # The first NIXL handshakes of each decode with prefill, both ways, now, before the spinners are calmed and
-        # while nothing else runs: later, engines that retain blocks or hold a stuck read keep both cores busy, and a
+        # The first NIXL handshakes of decode with prefill, both ways, now, before the spinners are calmed and while
+        # nothing else runs: later, an engine that retains blocks or holds a stuck read keeps a core busy, and a
         # handshake slower than the 30 s KV lease lost prefill's blocks (seen: 36 s, and in CI a first turn that
         # never finished).
-        for target in (decode, short_decode):
-            print(f"realvllm: two turns prefill <-> {target.url}: {_warm_up(prefill, target):.1f} s")
+        print(f"realvllm: two turns prefill <-> decode: {_warm_up(prefill, decode):.1f} s")
         # An engine's worker polls NIXL's UCX progress at about a core even when idle, and 2 cores host 3 engines:
         # put those helper threads in SCHED_IDLE (the compute threads keep their class), again as new ones appear.
-        calmer = threading.Thread(target=_calm, args=([prefill, decode, short_decode], stop), daemon=True)
+        calmer = threading.Thread(target=_calm, args=([prefill, decode], stop), daemon=True)
         calmer.start()
-        for engine in (prefill, short_decode):
+        for engine in (prefill, decode):
             print(
                 f"{engine.role} {engine.url} differs from the rendered Deployment in:\n  "
                 + "\n  ".join(map(str, engine.changes))
             )
-        yield Engines(prefill, decode, short_decode, seconds)
+        yield Engines(prefill, decode, seconds)
         kept = bool(request.session.testsfailed)
     finally:
         stop.set()
-        for engine in (prefill, decode, short_decode):
+        for engine in (prefill, decode):
             engine.stop()
             if kept:
                 print(f"realvllm: {engine.role} log kept: {engine.log_path}")
@@ -142,7 +143,7 @@ def engines(model_dir: Path, request: pytest.FixtureRequest) -> Iterator[Engines
 def _warm_up(prefill: VllmEngine, decode: VllmEngine) -> float:
     """A first and a follow-up turn through a router: decode reads prefill's blocks, then prefill reads decode's."""
     started = time.monotonic()
-    with _router(prefill, decode) as r:
+    with _router(prefill, decode, KNOWN_TTL) as r:
         wait_ready_engines(r)
         messages = [{"role": "user", "content": LONG}]
         messages.append({"role": "assistant", "content": chat(r.url, messages, "warm-up").text})
@@ -164,24 +165,29 @@ ROUTER_CONFIG: dict[str, Any] = {
     "health_check": {"interval_seconds": 1.0, "timeout_seconds": 20.0},
     "timeouts": {"replay_prefill_seconds": REPLAY_SECONDS},
 }
+# What each router believes of decode's decoder_kv_blocks_ttl, and its conversation TTL below that.
+KNOWN_TTL = {"ttl_seconds": DECODE_TTL - 20, "engine_blocks_ttl_seconds": DECODE_TTL}
+RENDERED_TTL = {"ttl_seconds": 450, "engine_blocks_ttl_seconds": 480}
 
 
-def _router(prefill: VllmEngine, decode: VllmEngine) -> RouterProcess:
+def _router(prefill: VllmEngine, decode: VllmEngine, ttl: dict[str, float]) -> RouterProcess:
     # A router's start (imports, first probes) can take over 20 s while the engines keep both cores busy.
-    return RouterProcess(prefill=[prefill.url], decode=[decode.url], config=ROUTER_CONFIG, startup_timeout=120.0)
+    config = {**ROUTER_CONFIG, "conversation": ttl}
+    return RouterProcess(prefill=[prefill.url], decode=[decode.url], config=config, startup_timeout=120.0)
 
 
 @pytest.fixture(scope="session")
 def router(engines: Engines) -> Iterator[RouterProcess]:
-    """The router in front of prefill and the rendered decode."""
-    with _router(engines.prefill, engines.decode) as r:
+    """The router in front of prefill and decode, knowing decode's TTL."""
+    with _router(engines.prefill, engines.decode, KNOWN_TTL) as r:
         wait_ready_engines(r)
         yield r
 
 
 @pytest.fixture(scope="session")
-def short_router(engines: Engines) -> Iterator[RouterProcess]:
-    """The router in front of prefill and the decode whose blocks expire after SHORT_TTL (the router thinks 480)."""
-    with _router(engines.prefill, engines.short_decode) as r:
+def stale_router(engines: Engines) -> Iterator[RouterProcess]:
+    """A router that believes decode keeps blocks the rendered 480 s while it keeps them rig.DECODE_TTL: it replays
+    entries whose blocks the engine has dropped (the expiry test), or that died with a restarted engine."""
+    with _router(engines.prefill, engines.decode, RENDERED_TTL) as r:
         wait_ready_engines(r)
         yield r

@@ -18,9 +18,9 @@ from duplex_dev.launch.engine_key import DEV_ENGINE_KEY
 from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.vllm import CPU_BLOCK_SIZE, VllmEngine
 
-# Seconds; prefill declines a read within 5 s of expiry (pull_worker's safety margin), so a follow-up turn has
-# SHORT_TTL - 5 s to start its read: 10 s left too little on 2 cores shared with busy-stepping engines.
-SHORT_TTL = 30
+# decode's decoder_kv_blocks_ttl in this tier (seconds; rendered: 480): long enough that a test's next turn, a minute
+# later on loaded cores, still finds its blocks; short enough that the expiry test can wait it out.
+DECODE_TTL = 180
 EXTERNAL = "vllm:prompt_tokens_by_source_total"
 # Observed on vLLM 0.32 (CPU build) in every run: after prefill declines (expired blocks) or fails (decode gone,
 # NIXL_ERR_REMOTE_DISCONNECT) a D->P read, the worker logs "Skipping KV post-processing for failed request", and the
@@ -189,7 +189,7 @@ class Counters:
     @classmethod
     def read(cls, prefill: VllmEngine, router: RouterProcess) -> Counters:
         p = prefill.metrics()
-        r = processes.scrape(router.url + "/metrics")
+        r = processes.scrape(router.url + "/metrics", timeout=60)  # a router on 2 loaded cores can be slow to answer
 
         def pm(name: str, **labels: str) -> float:
             return processes.metric_sum(p, name, **labels)

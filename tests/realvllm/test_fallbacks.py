@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from .rig import (
+    DECODE_TTL,
     LONG,
-    SHORT_TTL,
     STUCK_TURN_SECONDS,
     Counters,
     assert_same_answer,
@@ -95,31 +95,32 @@ def test_too_few_reusable_tokens_are_recomputed_by_prefill(engines, router):
     assert_same_answer(result, chat(engines.prefill.url, messages, max_tokens=8))
 
 
-@pytest.mark.leaves_prefill_stuck(order=1)
-def test_blocks_expired_on_the_engine_are_declined_and_recomputed(engines, short_router):
-    """decode was started with decoder_kv_blocks_ttl SHORT_TTL (30 s) while the router keeps entries 450 s: the router replays,
-    prefill sees from remote_blocks_expiry_time that the blocks are (within 5 s of) expired and declines the read.
-    vLLM 0.32 then leaves that request waiting (rig.REPLAY_SECONDS): the router abandons the replaying leg and
-    prefill recomputes, so the client still gets the recompute's answer."""
+@pytest.mark.leaves_prefill_stuck(order=2)
+@pytest.mark.timeout(DECODE_TTL + 2 * STUCK_TURN_SECONDS + 300)
+def test_blocks_expired_on_the_engine_are_declined_and_recomputed(engines, stale_router):
+    """decode keeps blocks rig.DECODE_TTL seconds while this router believes the rendered 480 (and keeps entries 450
+    s): past the engine's TTL the router replays, prefill sees from remote_blocks_expiry_time that the blocks are
+    (within 5 s of) expired and declines the read. vLLM 0.32 then leaves that request waiting (rig.REPLAY_SECONDS):
+    the router abandons the replaying leg and prefill recomputes, so the client still gets the recompute's answer."""
     conv = f"expired-{uuid.uuid4().hex}"
-    messages = first_turn(short_router.url, conv)
-    time.sleep(SHORT_TTL - 5 + 1)
+    messages = first_turn(stale_router.url, conv)
+    time.sleep(DECODE_TTL - 5 + 1)
     messages.append({"role": "user", "content": "Are you still there?"})
-    before = Counters.read(engines.prefill, short_router)
+    before = Counters.read(engines.prefill, stale_router)
     try:
-        result = chat(short_router.url, messages, conv, timeout=STUCK_TURN_SECONDS)
+        result = chat(stale_router.url, messages, conv, timeout=STUCK_TURN_SECONDS)
     finally:
-        delta = Counters.read(engines.prefill, short_router) - before
+        delta = Counters.read(engines.prefill, stale_router) - before
         print(f"\nturn after the engine-side expiry: {delta}")
         assert delta.declined == 1, "prefill did not decline the expired read"
     assert delta.misses.get("prefill_retry") == 1  # the replay was abandoned, the owed recompute answered
     assert delta.hits == 0
     # The router goes on serving this conversation. The next turn is sent right away:
-    # decode keeps these blocks only SHORT_TTL seconds too, so the answers are compared afterwards.
+    # decode keeps these blocks only DECODE_TTL seconds too, so the answers are compared afterwards.
     follow_up = messages + [{"role": "assistant", "content": result.text}, {"role": "user", "content": "Then finish."}]
-    before = Counters.read(engines.prefill, short_router)
-    again = chat(short_router.url, follow_up, conv)
-    delta = Counters.read(engines.prefill, short_router) - before
+    before = Counters.read(engines.prefill, stale_router)
+    again = chat(stale_router.url, follow_up, conv)
+    delta = Counters.read(engines.prefill, stale_router) - before
     # Either prefill reads the fresh blocks (every run since the first handshakes happen at start-up), or it declines
     # this replay as expired too and the router falls back again (every run before: prefill judges expiry through a
     # clock offset measured at the handshake, which then had taken tens of seconds): never both, never none.
