@@ -119,7 +119,7 @@ def engines(model_dir: Path, request: pytest.FixtureRequest) -> Iterator[Engines
         # handshake slower than the 30 s KV lease lost prefill's blocks (seen: 36 s, and in CI a first turn that
         # never finished).
         print(f"realvllm: two turns prefill <-> decode: {_warm_up(prefill, decode):.1f} s")
-        # An engine's worker polls NIXL's UCX progress at about a core even when idle, and 2 cores host 3 engines:
+        # An engine's worker polls NIXL's UCX progress at about a core even when idle, and 2 cores host 2 engines:
         # put those helper threads in SCHED_IDLE (the compute threads keep their class), again as new ones appear.
         calmer = threading.Thread(target=_calm, args=([prefill, decode], stop), daemon=True)
         calmer.start()
