@@ -121,14 +121,15 @@ def test_blocks_expired_on_the_engine_are_declined_and_recomputed(engines, stale
     before = Counters.read(engines.prefill, stale_router)
     again = chat(stale_router.url, follow_up, conv)
     delta = Counters.read(engines.prefill, stale_router) - before
-    # Either prefill reads the fresh blocks (every run since the first handshakes happen at start-up), or it declines
-    # this replay as expired too and the router falls back again (every run before: prefill judges expiry through a
-    # clock offset measured at the handshake, which then had taken tens of seconds): never both, never none.
+    # Either prefill reads the fresh blocks, or the router abandons this replay too and falls back: never both, never
+    # none. The declined read above stays stuck in prefill's worker (vLLM 0.32), which slows what follows: in CI this
+    # replay's read took 32 s and its leg outran the replay budget; in runs before the first handshakes moved to
+    # start-up, prefill declined it as expired (it judges expiry through a clock offset measured at the handshake).
     print(f"turn after that: {delta}")
     if delta.hits == 1:
         assert delta.declined == 0 and delta.external == delta.reused > 0
     else:
-        assert delta.misses == {"prefill_retry": 1} and delta.declined == 1 and delta.external == 0
+        assert delta.misses == {"prefill_retry": 1} and delta.external == 0
     assert_same_answer(result, chat(engines.prefill.url, messages))
     assert_same_answer(again, chat(engines.prefill.url, follow_up))
 
