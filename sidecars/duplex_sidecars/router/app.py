@@ -18,6 +18,7 @@ from duplex_sidecars.http1.client import EngineClient
 from duplex_sidecars.http1.server import ClientGone, FrontServer, Limits, Request
 from duplex_sidecars.router import pipeline
 from duplex_sidecars.router.apis import APIS
+from duplex_sidecars.router.canary import Canary
 from duplex_sidecars.router.client_auth import ClientKeys, presented_key
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.config_file import ConfigError, ConfigSource
@@ -71,6 +72,7 @@ class Router:
         self.prober: HealthProber | None = None
         self.fabric: FabricWatch | None = None
         self.fabric_report: FabricReporter | None = None
+        self.canary: Canary | None = None
         self.watcher: EndpointSliceWatcher | None = None
         self.pickers = {PREFILL: prefill_picker(config.placement), DECODE: decode_picker()}
         self.client_keys = ClientKeys(config.client_keys_dir) if config.client_keys_dir else None
@@ -129,17 +131,31 @@ class Router:
         self.fabric = FabricWatch(self.engines, self.session, self.metrics, fc.backend, fc.interval_seconds,
                                   self._probe_headers(), fc.floor_gbps, fc.min_read_bytes)  # fmt: skip
         self.fabric.start()
-        if fc.report is not None:
-            self.fabric_report = FabricReporter(fc.report, self.fabric.verdict, fc.interval_seconds)
-            await self.fabric_report.start()
         self.deps = self._deps()
+        if self.config.canary.enabled:
+            self.canary = Canary(self.config.canary, lambda: self.deps, self._session, self._probe_headers())
+            self.canary.start()
+        if fc.report is not None:
+            self.fabric_report = FabricReporter(fc.report, self.verdict, min(fc.interval_seconds, 5.0))
+            await self.fabric_report.start()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._maintenance()))
         if self.source is not None and self.source.path is not None:
             self._tasks.append(loop.create_task(self._watch_config()))
 
+    def verdict(self) -> dict[str, Any]:
+        """What the fabric report tells the operator: the fabric watch's verdict and the canary's latest result."""
+        assert self.fabric is not None
+        return {**self.fabric.verdict(), "canary": self.canary.verdict() if self.canary is not None else None}
+
+    def _session(self) -> aiohttp.ClientSession:
+        assert self.session is not None
+        return self.session
+
     async def stop(self) -> None:
         await cancel_all(self._tasks)
+        if self.canary is not None:
+            await self.canary.stop()
         if self.prober is not None:
             await self.prober.stop()
         if self.fabric_report is not None:
@@ -212,6 +228,8 @@ class Router:
             self._show_store_bound()
         if new.fabric != old.fabric:
             log.warning("config: fabric watch changes take effect after a restart")
+        if new.canary != old.canary:
+            log.warning("config: canary changes take effect after a restart")
         self.engine_api_key = self._api_key(new)
         if new.client_keys_dir != old.client_keys_dir:
             self.client_keys = ClientKeys(new.client_keys_dir) if new.client_keys_dir else None
@@ -345,6 +363,7 @@ async def _ready(router: Router, request: Request) -> None:
         **router.engines.describe(),
         "store": router.store.health(),
         "fabric": router.fabric.describe() if router.fabric is not None else None,
+        "canary": router.canary.verdict() if router.canary is not None else None,
         "config_generation": router.generation,
     }
     if router.watcher is not None:

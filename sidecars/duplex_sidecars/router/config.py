@@ -163,6 +163,23 @@ class FabricConfig(_Strict):
     report: FabricReportConfig | None = Field(None, description="Publish the verdict for the operator.")
 
 
+class CanaryConfig(_Strict):
+    """A two-turn conversation the router sends itself whenever its set of healthy engines changes, checked against
+    the engines' own counters (router/canary.py; the operator's DisaggregationVerified condition)."""
+
+    enabled: bool = Field(False, description="Run the canary (the operator renders it on unless router.canary says).")
+    check_seconds: float = Field(10.0, gt=0, description="How often the set of healthy engines is looked at.")
+    retry_seconds: float = Field(300.0, gt=0, description="A failed canary runs again after this, changes or not.")
+    prompt_words: int = Field(
+        200, ge=16, le=8192, description="Words of turn 1's prompt: its tokens must reach kv_recompute_threshold."
+    )
+    max_tokens: int = Field(4, ge=2, le=64, description="Tokens each canary turn generates.")
+    max_pairs: int = Field(4, ge=1, le=64, description="Prefill-decode pairs per run (each engine in one at least).")
+    turn_timeout_seconds: float = Field(120.0, gt=0, description="A canary turn slower than this fails the run.")
+    model: str | None = Field(None, description="Model to ask for; default: the first served model name, else "
+                              "what prefill's /v1/models lists first.")  # fmt: skip
+
+
 class HealthCheckConfig(_Strict):
     path: str = Field("/health", description="Engine liveness path probed by the router.")
     interval_seconds: float = Field(5.0, gt=0, description="Time between probes of each engine.")
@@ -188,6 +205,7 @@ class RouterConfig(_Strict):
     health_check: HealthCheckConfig = Field(default_factory=HealthCheckConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     fabric: FabricConfig = Field(default_factory=FabricConfig)
+    canary: CanaryConfig = Field(default_factory=CanaryConfig)
     client_keys_dir: str | None = Field(
         None,
         description="Directory of client API keys, one file per tenant (name: the tenant, content: the key), e.g. "

@@ -2,7 +2,8 @@
 DisaggregatedServing's `<name>-fabric` ConfigMap, which the operator owns and the router's Role may patch (that one
 object, nothing else). The operator turns the reports into the KVTransferHealthy condition.
 
-A report is written when the verdict flips and again every heartbeat, so a router that died leaves a report that
+A report is written when the verdict flips or the canary (router/canary.py) has a new result, and again every
+heartbeat, so a router that died leaves a report that
 ages out instead of one that stays healthy for ever. Writes are JSON merge patches of the router's own key: routers
 never overwrite each other, and the operator's server-side apply of the ConfigMap leaves keys it does not own alone.
 """
@@ -27,8 +28,15 @@ from duplex_sidecars.tasks import cancel_all
 
 log = logging.getLogger(__name__)
 
-# The verdict now: {"healthy": bool, "measured": bool (any read seen yet), "message": str, "backend": str}.
+# The verdict now: {"healthy": bool, "measured": bool (any read seen yet), "message": str, "backend": str,
+# "canary": the canary's latest result or None}.
 Verdict = Callable[[], dict[str, Any]]
+
+
+def news(verdict: dict[str, Any]) -> tuple[Any, ...]:
+    """What, when it changes, is written at once: the fabric's health and the canary's run."""
+    canary = verdict.get("canary") or {}
+    return verdict["healthy"], canary.get("run")
 
 
 def report_of(verdict: dict[str, Any], at: datetime.datetime) -> dict[str, Any]:
@@ -41,7 +49,8 @@ def patch_body(key: str, report: dict[str, Any]) -> dict[str, Any]:
 
 
 class FabricReporter:
-    """Publishes `verdict()` under this pod's key: on a flip of `healthy` and every heartbeat."""
+    """Publishes `verdict()` under this pod's key: on news (a flip of `healthy`, a canary result) and every
+    heartbeat."""
 
     def __init__(
         self, config: FabricReportConfig, verdict: Verdict, check_every: float, access: ApiAccess | None = None
@@ -54,6 +63,7 @@ class FabricReporter:
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
         self.published: bool | None = None  # the `healthy` last written
+        self._news: tuple[Any, ...] | None = None  # `news` of the verdict last written
         self.writes = 0
         self.failing = False
 
@@ -83,6 +93,7 @@ class FabricReporter:
             log.info("fabric report to configmap %s/%s works again", self.config.namespace, self.config.config_map)
         self.failing = False
         self.published = verdict["healthy"]
+        self._news = news(verdict)
         self.writes += 1
         return True
 
@@ -90,9 +101,9 @@ class FabricReporter:
         loop = asyncio.get_running_loop()
         last = -float("inf")
         while True:
-            healthy = self._verdict()["healthy"]
+            fresh = news(self._verdict()) != self._news
             due = loop.time() - last >= self.config.heartbeat_seconds
-            if (due or healthy != self.published or self.failing) and await self.publish():
+            if (due or fresh or self.failing) and await self.publish():
                 last = loop.time()
             await asyncio.sleep(self._check_every)
 

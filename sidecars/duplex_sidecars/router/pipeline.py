@@ -72,6 +72,8 @@ class Context:
     failures: list[LegFailure] = field(default_factory=list)  # decode's, for the final error
     replayed: bool = False  # a prefill leg that carried decode's blocks succeeded
     prefill_url: str | None = None  # the prefill engine that answered
+    prefill_seconds: float | None = None  # how long its leg took
+    decode_url: str | None = None  # the decode engine that answered
 
     @property
     def reuse_label(self) -> str:
@@ -80,6 +82,11 @@ class Context:
 
 async def handle(deps: Deps, exchange: Exchange, turn: Turn) -> int:
     """Answer the request through prefill and decode; returns the HTTP status the client got."""
+    return (await serve(deps, exchange, turn)).exchange.status
+
+
+async def serve(deps: Deps, exchange: Exchange, turn: Turn) -> Context:
+    """`handle`, returning what the request went through (the router's canary reads it)."""
     if len(deps.engines.prefill) == 0:
         raise BackendUnavailable("No prefill engines are available.")
     if len(deps.engines.decode) == 0:
@@ -98,7 +105,8 @@ async def handle(deps: Deps, exchange: Exchange, turn: Turn) -> int:
         tried.add(engine.url)
         try:
             await decode(deps, ctx, engine, attempt, prefill_params)  # 3. to 5.
-            return exchange.status
+            ctx.decode_url = engine.url
+            return ctx
         except LegFailure as failure:
             ctx.failures.append(decode_failed(deps, turn, engine, failure))
             if not attempts.may_retry_decode(attempt, failure.kind, exchange.started, deps.config.decode_retries):
@@ -183,9 +191,10 @@ async def prefill(deps: Deps, ctx: Context, decode_attempt: int) -> dict[str, An
                 metrics.retries.labels(PREFILL).inc()
             continue
         ctx.prefill_url = engine.url
+        ctx.prefill_seconds = time.perf_counter() - started
         if resent:
             metrics.resends.labels(PREFILL).inc()
-        metrics.leg_duration.labels(PREFILL).observe(time.perf_counter() - started)
+        metrics.leg_duration.labels(PREFILL).observe(ctx.prefill_seconds)
         if current.replay:
             ctx.replayed = True
             if deps.fabric is not None and ctx.decision.sticky_decode:
