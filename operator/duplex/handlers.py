@@ -155,14 +155,16 @@ def _pod_key(meta: Mapping[str, Any]) -> str | None:
 
 @kopf.index(POD.group, POD.version, POD.plural)
 async def engine_pods(body: kopf.Body, meta: kopf.Meta, **_: Any) -> dict[str, dict[str, Any]] | None:
-    """Only what FabricReady reads: names, labels, and the init containers' states (their preflight reports)."""
+    """Only what the status reads: names, labels, the init containers' states (their preflight reports, for
+    FabricReady) and the pod IP (the router's canary names its engines by it, for DisaggregationVerified)."""
     where = _pod_key(meta)
     if where is None:
         return None
     kept = {k: meta[k] for k in ("name", "namespace", "labels", "deletionTimestamp") if meta.get(k)}
-    status = {
-        "initContainerStatuses": copy.deepcopy(list((body.get("status") or {}).get("initContainerStatuses") or []))
-    }
+    observed = body.get("status") or {}
+    status = {"initContainerStatuses": copy.deepcopy(list(observed.get("initContainerStatuses") or []))}
+    if observed.get("podIP"):
+        status["podIP"] = observed["podIP"]
     return {where: {"apiVersion": "v1", "kind": POD.kind, "metadata": kept, "status": status}}
 
 

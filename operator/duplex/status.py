@@ -6,11 +6,12 @@ import datetime
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from duplex.api.status import Condition, DisaggregatedServingStatus, RoleStatus
 from duplex.children.engine import engine_config_hash
 from duplex.children.kv_config import effective
-from duplex.children.labels import child_name
+from duplex.children.labels import ROLE_LABEL, SERVING_LABEL, child_name
 from duplex.children.services import router_endpoint
 from duplex.config_warnings import config_warnings
 from duplex.fabric import fabric_ready
@@ -34,19 +35,27 @@ def _time(stamp: str) -> datetime.datetime:
     return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
 
 
+def _fresh_reports(reports: Mapping[str, str], at: str) -> list[tuple[str, dict[str, Any]]]:
+    """The routers' reports (router pod -> JSON) written in the last REPORT_MAX_AGE_SECONDS, parsed."""
+    fresh = []
+    for pod, raw in sorted(reports.items()):
+        try:
+            report = json.loads(raw)
+            if (_time(at) - _time(report["at"])).total_seconds() <= REPORT_MAX_AGE_SECONDS:
+                fresh.append((pod, report))
+        except (ValueError, KeyError, TypeError):
+            continue  # not a report: whatever else sits in the ConfigMap is not ours to judge
+    return fresh
+
+
 def kv_transfer(reports: Mapping[str, str], at: str) -> tuple[ConditionStatus, str, str]:
     """KVTransferHealthy from the routers' fabric reports (router pod -> JSON, router/fabric_report.py): False if
     any fresh report is unhealthy, True if fresh reports have measured reads and all are healthy, else Unknown."""
     fresh: list[tuple[str, dict[str, Any]]] = []
-    for pod, raw in sorted(reports.items()):
-        try:
-            report = json.loads(raw)
-            age = (_time(at) - _time(report["at"])).total_seconds()
-            healthy, measured, message = report["healthy"], report.get("measured", True), str(report["message"])
-        except (ValueError, KeyError, TypeError):
-            continue  # not a report: whatever else sits in the ConfigMap is not ours to judge
-        if age <= REPORT_MAX_AGE_SECONDS and isinstance(healthy, bool):
-            fresh.append((pod, {"healthy": healthy, "measured": measured is True, "message": message}))
+    for pod, report in _fresh_reports(reports, at):
+        healthy, measured, message = report.get("healthy"), report.get("measured", True), report.get("message")
+        if isinstance(healthy, bool):
+            fresh.append((pod, {"healthy": healthy, "measured": measured is True, "message": str(message)}))
     if not fresh:
         minutes = REPORT_MAX_AGE_SECONDS // 60
         return "Unknown", "NoReports", f"no router has reported on KV transfers in the last {minutes} minutes"
@@ -59,6 +68,55 @@ def kv_transfer(reports: Mapping[str, str], at: str) -> tuple[ConditionStatus, s
     if not measured:
         return "Unknown", "NotMeasured", "no KV transfer measured yet"
     return "True", "TransfersHealthy", measured[0][1]["message"]
+
+
+# The canary's failing step (router/canary.py) -> the condition's reason.
+CANARY_REASONS = {
+    "prefill": "PrefillComputedNothing",
+    "p_to_d": "DecodeDidNotReadPrefill",
+    "retained": "DecodeKeptNoBlocks",
+    "d_to_p": "PrefillDidNotReadBack",
+}
+
+
+def disaggregation_verified(
+    enabled: bool, reports: Mapping[str, str], engine_ips: set[str], at: str
+) -> tuple[ConditionStatus, str, str]:
+    """DisaggregationVerified from the canaries in the routers' fresh reports, counting only those run on engine
+    pods that exist now (`engine_ips`: a result from before a rollout says nothing of the new pods): False if
+    any failed, True if one passed, else Unknown."""
+    if not enabled:
+        return "Unknown", "NotChecked", "router.canary.enabled is false"
+    current = []
+    for pod, report in _fresh_reports(reports, at):
+        canary = report.get("canary")
+        if not isinstance(canary, dict) or not isinstance(canary.get("ok"), bool):
+            continue
+        hosts = {urlsplit(str(canary.get(role, ""))).hostname for role in ("prefill", "decode")}
+        if hosts <= engine_ips:
+            current.append((pod, canary))
+    failed = [(pod, c) for pod, c in current if not c["ok"]]
+    if failed:
+        pod, canary = failed[0]
+        reason = CANARY_REASONS.get(str(canary.get("step")), "CanaryFailed")
+        where = f"prefill {canary.get('prefill')}, decode {canary.get('decode')}"
+        return "False", reason, f"router {pod}, {where}: {canary.get('message', '')}"
+    if not current:
+        return "Unknown", "Pending", "no router has run its canary on the current engine pods yet"
+    pod, canary = current[0]
+    return "True", "Verified", f"router {pod}: {canary.get('message', '')}"
+
+
+def engine_ips(serving: str, pods: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The pod IPs of the serving's engine pods that are not being deleted."""
+    ips = set()
+    for pod in pods:
+        meta, st = pod.get("metadata") or {}, pod.get("status") or {}
+        labels = meta.get("labels") or {}
+        engine = labels.get(SERVING_LABEL) == serving and labels.get(ROLE_LABEL) in ("prefill", "decode")
+        if engine and st.get("podIP") and not meta.get("deletionTimestamp"):
+            ips.add(str(st["podIP"]))
+    return ips
 
 
 def role_status(desired: int, deployment: Mapping[str, Any] | None) -> RoleStatus:
@@ -142,7 +200,8 @@ def compute(
 ) -> DisaggregatedServingStatus:
     """The parent's status; `deployments` maps prefill/decode/router to the observed Deployment (or None), `pods`
     are the observed engine pods (their preflight reports make FabricReady), `fabric_reports` the data of the fabric
-    ConfigMap the routers write (KVTransferHealthy)."""
+    ConfigMap the routers write (KVTransferHealthy, and DisaggregationVerified with the pods' IPs)."""
+    pods = list(pods)
     spec, gen = serving.spec, serving.generation
     at = at or now()
     condition = _Conditions(previous, gen, at)
@@ -171,6 +230,12 @@ def compute(
         ),
         condition("FabricReady", *fabric_ready(spec, serving.name, pods)),
         condition("KVTransferHealthy", *kv_transfer(fabric_reports or {}, at)),
+        condition(
+            "DisaggregationVerified",
+            *disaggregation_verified(
+                spec.router.canary.enabled, fabric_reports or {}, engine_ips(serving.name, pods), at
+            ),
+        ),
     ]
     return DisaggregatedServingStatus(
         observed_generation=gen,

@@ -623,7 +623,8 @@ def test_operator_identity_is_least_privilege(op, cluster, kubectl):
 
 def test_a_router_fabric_report_becomes_kv_transfer_healthy(op, kubectl, namespace, wait_for, tmp_path):
     """A report written as the router writes it, under the identity the operator rendered for the router (its
-    ServiceAccount's token, its Role), turns into the KVTransferHealthy condition; the operator's applies leave it."""
+    ServiceAccount's token, its Role), turns into the KVTransferHealthy condition, and its canary result into
+    DisaggregationVerified; the operator's applies leave it."""
     kubectl.apply(seed(namespace))
     wait_for(lambda: is_ready(kubectl, namespace), timeout=120, what="Ready=True")
     assert condition(get_dsv(kubectl, namespace), "KVTransferHealthy")["reason"] == "NoReports"
@@ -658,6 +659,27 @@ def test_a_router_fabric_report_becomes_kv_transfer_healthy(op, kubectl, namespa
     c = condition(get_dsv(kubectl, namespace), "KVTransferHealthy")
     assert c["reason"] == "TransfersDegraded" and c["message"] == f"router qwen3-32b-router-abc12: {slow}"
     assert condition(get_dsv(kubectl, namespace), "Ready")["status"] == "True"
+    assert condition(get_dsv(kubectl, namespace), "DisaggregationVerified")["reason"] == "Pending"
+
+    # The canary's result in the same report, run on the engine pods (kwok gives them IPs): DisaggregationVerified.
+    pods = kubectl.json("-n", namespace, "get", "pods", "-l", "duplex.dev/serving=qwen3-32b")["items"]
+    ip = {p["metadata"]["labels"]["duplex.dev/role"]: p["status"]["podIP"] for p in pods if p["status"].get("podIP")}
+    assert {"prefill", "decode"} <= set(ip), pods
+    verdict["canary"] = {"ok": False, "step": "d_to_p", "message": "d_to_p: prefill recomputed", "run": 1,
+                         "prefill": f"http://{ip['prefill']}:8000", "decode": f"http://{ip['decode']}:8000"}  # fmt: skip
+    os.environ[report.pod_name_env] = "qwen3-32b-router-abc12"
+    try:
+        assert asyncio.run(publish())
+    finally:
+        del os.environ[report.pod_name_env]
+
+    def unverified() -> bool:
+        c = condition(get_dsv(kubectl, namespace), "DisaggregationVerified")
+        return bool(c and c["status"] == "False")
+
+    wait_for(unverified, timeout=60, what="DisaggregationVerified=False")
+    c = condition(get_dsv(kubectl, namespace), "DisaggregationVerified")
+    assert c["reason"] == "PrefillDidNotReadBack" and "d_to_p: prefill recomputed" in c["message"]
 
     # The operator re-applies the ConfigMap (it looks missing without the label its watch selects on); the report,
     # a field of the router's writes, stays.

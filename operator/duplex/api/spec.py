@@ -413,6 +413,20 @@ class StoreSpec(Model):
     redis: RedisSpec | None = Field(None, description="Redis connection (type redis).")
 
 
+class CanarySpec(Model):
+    """The router's canary: after each change of the healthy engines, a two-turn conversation checked against the
+    engines' own counters (the DisaggregationVerified condition)."""
+
+    enabled: bool = Field(True, description="Verify every new set of engines with a canary conversation.")
+    prompt_words: int | None = Field(
+        None,
+        ge=16,
+        le=8192,
+        description="Words of the canary's first prompt; default: 200, or twice kvTransfer.recomputeThreshold "
+        "when that is more (the replay must reach the threshold for prefill to read it).",
+    )
+
+
 def _router_memory_ok(r: RouterSpec) -> bool:
     return quantity(r.memory) >= quantity("256Mi")
 
@@ -454,6 +468,7 @@ class RouterSpec(Model):
     )
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, le=1024**3, description="Largest accepted request body.")
     limits: RouterLimitsSpec = Field(default_factory=RouterLimitsSpec, description="Client limits and deadlines.")
+    canary: CanarySpec = Field(default_factory=CanarySpec, description="Verified disaggregation after each rollout.")
 
 
 def _decode_tp_ok(s: DisaggregatedServingSpec) -> bool:

@@ -18,6 +18,7 @@ CONDITION_TYPES = (
     "Progressing",
     "FabricReady",
     "KVTransferHealthy",
+    "DisaggregationVerified",
 )
 
 
@@ -28,7 +29,7 @@ class _Status(Checked):
 class Condition(_Status):
     type: str = Field(
         description="One of Ready, ConfigValid, PrefillReady, DecodeReady, RouterReady, Progressing, FabricReady, "
-        "KVTransferHealthy."
+        "KVTransferHealthy, DisaggregationVerified."
     )
     status: Literal["True", "False", "Unknown"]
     reason: str = Field(description="CamelCase reason.")

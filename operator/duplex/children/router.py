@@ -13,6 +13,7 @@ from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, ROLE, ROLE_BINDING, SE
 from duplex.children.kv_config import backend, kv_transfer_config, router_ttl
 from duplex.children.labels import HTTP_PORT, child_name, labels, selector
 from duplex_sidecars.router.config import (
+    CanaryConfig,
     ClientLimitsConfig,
     ConversationConfig,
     EndpointSliceDiscovery,
@@ -96,8 +97,20 @@ def router_config(spec: DisaggregatedServingSpec, serving: str, namespace: str) 
                 namespace=namespace, config_map=fabric_configmap_name(serving), pod_name_env=POD_NAME_ENV
             ),
         ),
+        canary=CanaryConfig(enabled=spec.router.canary.enabled, prompt_words=canary_words(spec)),
         engine_api_key_env=engine_key.ROUTER_ENV,
     )
+
+
+def canary_words(spec: DisaggregatedServingSpec) -> int:
+    """Enough words for the canary's replay to reach the recompute threshold (a word is a token or more), and few
+    enough for the model's context (two turns of a few tokens each come on top)."""
+    if spec.router.canary.prompt_words is not None:
+        return spec.router.canary.prompt_words
+    words = min(8192, max(200, 2 * spec.kv_transfer.recompute_threshold))
+    if spec.model.max_model_len:
+        words = min(words, spec.model.max_model_len // 3)
+    return max(16, words)
 
 
 def router_configmap(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> dict[str, Any]:

@@ -129,6 +129,7 @@ FULL: dict[str, Any] = {
             "idleTimeout": 20,
             "replayPrefillTimeout": 15,
         },
+        "canary": {"enabled": False, "promptWords": 500},
     },
 }
 
@@ -245,6 +246,7 @@ DEFAULTS: dict[str, Any] = {
             "idleTimeout": 75,
             "replayPrefillTimeout": 30,
         },
+        "canary": {"enabled": True, "promptWords": None},
     },
 }
 

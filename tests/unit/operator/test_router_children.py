@@ -87,6 +87,22 @@ def test_router_json_ttl_defaults_to_thirty_seconds_below_the_engine_ttl() -> No
     assert (conv.ttl_seconds, conv.engine_blocks_ttl_seconds) == (90.0, 120.0)
 
 
+@pytest.mark.parametrize(
+    ("patch", "enabled", "words"),
+    [
+        ({}, True, 200),  # the rendered threshold 64 is far below 200 words
+        ({"kvTransfer": {"recomputeThreshold": 1024}}, True, 2048),  # the replay must reach the threshold
+        ({"kvTransfer": {"recomputeThreshold": 1024}, "model": {"maxModelLen": 900}}, True, 300),  # and fit the model
+        ({"router": {"canary": {"promptWords": 64}}}, True, 64),
+        ({"router": {"canary": {"enabled": False}}}, False, 200),
+    ],
+    ids=["default", "high threshold", "short context", "explicit", "disabled"],
+)
+def test_router_json_canary(patch: dict[str, Any], enabled: bool, words: int) -> None:
+    canary = parsed_config(patch).canary
+    assert (canary.enabled, canary.prompt_words) == (enabled, words)
+
+
 def test_router_json_memory_store() -> None:
     store = parsed_config({"router": {"store": {"maxEntries": 1234}}}).store
     assert store.kind == "memory" and store.max_entries == 1234

@@ -83,6 +83,7 @@ def test_all_ready_and_updated_is_ready() -> None:
         "Progressing",
         "FabricReady",
         "KVTransferHealthy",
+        "DisaggregationVerified",
     ]
     assert set(c) == set(CONDITION_TYPES)
     assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("True", "AllComponentsReady")
@@ -413,3 +414,84 @@ def test_a_deployment_the_controller_has_not_seen_is_starting() -> None:
     deployments = all_ready()
     deployments["prefill"] = dep(1, ready=0, generation=2, observed=1)
     assert conds(compute(deployments))["PrefillReady"]["reason"] == "Starting"
+
+
+# --- DisaggregationVerified: the routers' canaries --------------------------------------------------------------
+
+P, D = "http://10.0.0.1:8000", "http://10.0.0.2:8000"
+PODS = [
+    {"metadata": {"labels": {"duplex.dev/serving": "qwen", "duplex.dev/role": role}}, "status": {"podIP": ip}}
+    for role, ip in (("prefill", "10.0.0.1"), ("decode", "10.0.0.2"))
+]
+PASSED = "prefill computed 250 tokens, decode read them (1024 bytes), prefill read 253 back (1056 bytes)"
+
+
+def canary_report(ok: bool, step: str = "done", message: str = PASSED, prefill: str = P, decode: str = D,
+                  at: str = "2026-01-01T00:09:00Z") -> str:  # fmt: skip
+    canary = {"ok": ok, "step": step, "message": message, "prefill": prefill, "decode": decode, "run": 1}
+    return json.dumps({"healthy": True, "measured": True, "message": "", "backend": "UCX", "at": at, "canary": canary})
+
+
+IPS = {"10.0.0.1", "10.0.0.2"}
+
+
+@pytest.mark.parametrize(
+    ("reports", "expected"),
+    [
+        ({}, ("Unknown", "Pending")),
+        ({"r-1": report(True)}, ("Unknown", "Pending")),  # a router without a canary result yet
+        ({"r-1": canary_report(True)}, ("True", "Verified")),
+        ({"r-1": canary_report(True, prefill="http://10.9.9.9:8000")}, ("Unknown", "Pending")),  # before a rollout
+        ({"r-1": canary_report(True, at="2025-12-31T23:59:59Z")}, ("Unknown", "Pending")),  # too old to count
+        (
+            {"r-1": canary_report(True), "r-2": canary_report(False, "retained", "retained: no")},
+            ("False", "DecodeKeptNoBlocks"),
+        ),
+        ({"r-1": canary_report(False, "p_to_d", "p_to_d: no")}, ("False", "DecodeDidNotReadPrefill")),
+        ({"r-1": canary_report(False, "d_to_p", "d_to_p: no")}, ("False", "PrefillDidNotReadBack")),
+        ({"r-1": canary_report(False, "prefill", "prefill: no")}, ("False", "PrefillComputedNothing")),
+        ({"r-1": canary_report(False, "error", "could not run")}, ("False", "CanaryFailed")),
+        ({"r-1": canary_report(False, "d_to_p", prefill="http://10.9.9.9:8000")}, ("Unknown", "Pending")),
+    ],
+    ids=[
+        "none",
+        "no result",
+        "passed",
+        "old pods",
+        "stale",
+        "one router fails",
+        "p to d",
+        "d to p",
+        "prefill",
+        "error",
+        "old failure",
+    ],
+)
+def test_disaggregation_verified_from_the_canaries_on_the_current_pods(
+    reports: dict[str, str], expected: tuple[str, str]
+) -> None:
+    assert status.disaggregation_verified(True, reports, IPS, AT)[:2] == expected
+
+
+def test_the_verified_condition_names_router_and_engines_and_never_touches_ready() -> None:
+    failed = canary_report(False, "d_to_p", "d_to_p: prefill recomputed instead of reading decode's blocks")
+    st = status.patch_body(status.compute(SERVING, all_ready(), None, AT, pods=PODS, fabric_reports={"q-r-1": failed}))
+    c = conds(st)["DisaggregationVerified"]
+    assert (c["status"], c["reason"]) == ("False", "PrefillDidNotReadBack")
+    assert c["message"] == f"router q-r-1, prefill {P}, decode {D}: d_to_p: prefill recomputed instead of reading " \
+        "decode's blocks"  # fmt: skip
+    assert conds(st)["Ready"]["status"] == "True"
+    ok = status.compute(SERVING, all_ready(), None, AT, pods=PODS, fabric_reports={"q-r-1": canary_report(True)})
+    c = conds(status.patch_body(ok))["DisaggregationVerified"]
+    assert (c["status"], c["reason"], c["message"]) == ("True", "Verified", f"router q-r-1: {PASSED}")
+
+
+def test_pods_being_deleted_do_not_count_as_current() -> None:
+    leaving = [{**p, "metadata": {**p["metadata"], "deletionTimestamp": T0}} for p in PODS]
+    assert status.engine_ips("qwen", leaving) == set()
+    assert status.engine_ips("qwen", PODS) == IPS
+    assert status.engine_ips("other", PODS) == set()
+
+
+def test_a_disabled_canary_is_not_checked() -> None:
+    assert status.disaggregation_verified(False, {"r-1": canary_report(True)}, IPS, AT)[:2] == ("Unknown", "NotChecked")
