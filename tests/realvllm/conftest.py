@@ -32,7 +32,7 @@ from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.vllm import VllmEngine, calm_spinners, start_all
 from duplex_dev.models import SetupMissing
 
-from .rig import DECODE_TTL, LONG, REPLAY_SECONDS, chat, keyed_engines, wait_ready_engines
+from .rig import DECODE_TTL, LONG, REPLAY_SECONDS, STUCK_TURN_SECONDS, chat, keyed_engines, wait_ready_engines
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -170,9 +170,9 @@ KNOWN_TTL = {"ttl_seconds": DECODE_TTL - 20, "engine_blocks_ttl_seconds": DECODE
 RENDERED_TTL = {"ttl_seconds": 450, "engine_blocks_ttl_seconds": 480}
 
 
-def _router(prefill: VllmEngine, decode: VllmEngine, ttl: dict[str, float]) -> RouterProcess:
+def _router(prefill: VllmEngine, decode: VllmEngine, ttl: dict[str, float], **more: Any) -> RouterProcess:
     # A router's start (imports, first probes) can take over 20 s while the engines keep both cores busy.
-    config = {**ROUTER_CONFIG, "conversation": ttl}
+    config = {**ROUTER_CONFIG, "conversation": ttl, **more}
     return RouterProcess(prefill=[prefill.url], decode=[decode.url], config=config, startup_timeout=120.0)
 
 
@@ -180,6 +180,16 @@ def _router(prefill: VllmEngine, decode: VllmEngine, ttl: dict[str, float]) -> R
 def router(engines: Engines) -> Iterator[RouterProcess]:
     """The router in front of prefill and decode, knowing decode's TTL."""
     with _router(engines.prefill, engines.decode, KNOWN_TTL) as r:
+        wait_ready_engines(r)
+        yield r
+
+
+@pytest.fixture
+def canary_router(engines: Engines) -> Iterator[RouterProcess]:
+    """A router that runs its canary (router/canary.py) once its engines are healthy; the others never do, so that
+    no canary turn lands in another test's counters."""
+    canary = {"enabled": True, "check_seconds": 1.0, "turn_timeout_seconds": STUCK_TURN_SECONDS}
+    with _router(engines.prefill, engines.decode, KNOWN_TTL, canary=canary) as r:
         wait_ready_engines(r)
         yield r
 
