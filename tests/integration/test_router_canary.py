@@ -17,7 +17,7 @@ from duplex_sidecars.router.canary import Canary
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.endpoints import DECODE
 
-NO_CACHE = ("--no-enable-prefix-caching",)  # the simulator keeps no salted prefix cache: see test_salt below
+NO_CACHE = ("--no-enable-prefix-caching",)  # every reused token is then a read
 
 
 async def router_for(prefill: SimProcess, decodes: list[SimProcess], **canary: Any) -> RouterServer:
@@ -114,24 +114,15 @@ async def test_new_engines_are_verified_each_in_a_pair(pair):
             await server.close()
 
 
-async def test_turn_one_carries_a_cache_salt_that_turn_two_does_not(pair, monkeypatch):
-    # vLLM keeps salted blocks apart in its prefix cache (cache_salt enters the first block's hash): prefill's own
-    # cache cannot then serve turn 2 and the D->P read must happen. The history scope is taken before the salt.
-    prefill, decode = pair
-    sent: list[dict[str, Any]] = []
-    from duplex_sidecars.router import pipeline
-
-    serve = pipeline.serve
-
-    async def spy(deps, exchange, turn):
-        sent.append(dict(turn.body))
-        return await serve(deps, exchange, turn)
-
-    monkeypatch.setattr(pipeline, "serve", spy)
-    server = await router_for(prefill, [decode])
-    try:
-        verdict = await wait_for_run(canary_of(server), 1)
-    finally:
-        await server.close()
-    assert verdict["ok"], verdict
-    assert [("cache_salt" in body) for body in sent] == [True, False]
+async def test_prefills_own_prefix_cache_cannot_stand_in_for_the_read():
+    # With prefill's prefix cache on, turn 2 would find turn 1's prompt there and read only the few tokens beyond it
+    # (below the threshold: none). Turn 1's cache_salt (vLLM's, honoured by the simulator) keeps it apart.
+    async with async_sim_pair() as (prefill, decode):
+        server = await router_for(prefill, [decode])
+        try:
+            verdict = await wait_for_run(canary_of(server), 1)
+        finally:
+            await server.close()
+        assert verdict["ok"], verdict
+        assert verdict["d_to_p_tokens"] >= 64
+        assert prefill.metric("vllm:prompt_tokens_by_source_total", source="local_cache_hit") == 0

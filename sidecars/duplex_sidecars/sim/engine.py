@@ -60,6 +60,7 @@ class GenerationRequest:
     min_tokens: int = 0
     ignore_eos: bool = False
     kv_params: dict[str, Any] | None = None
+    cache_salt: str | None = None  # keeps this prompt's blocks apart in the prefix cache (vLLM's cache_salt)
 
 
 @dataclass
@@ -172,7 +173,7 @@ class Engine:
         bs = self.cfg.block_size
         prompt_len = len(req.prompt)
         chain = token_chain(req.prompt, self.cfg.model)
-        hits = self.pool.match_prefix(block_hashes(chain, bs)) if self.cfg.enable_prefix_caching else []
+        hits = self.pool.match_prefix(block_hashes(chain, bs, req.cache_salt)) if self.cfg.enable_prefix_caching else []
         # The last prompt token is always computed: its logits give the first output token.
         while hits and len(hits) * bs >= prompt_len:
             self.pool.free([hits.pop()])
@@ -189,7 +190,7 @@ class Engine:
             await _sleep(self.cfg.cost.prefill_seconds(prompt_len - computed, computed))
             self.pool.write(block_ids, chain, computed, prompt_len)
             if self.cfg.enable_prefix_caching:
-                self.pool.cache(block_ids, block_hashes(chain, bs))
+                self.pool.cache(block_ids, block_hashes(chain, bs, req.cache_salt))
             self.metrics.prompt_tokens.inc(prompt_len)
             self.metrics.prompt_tokens_by_source(prompt_len - computed, local_hits, external)
         except BaseException:
@@ -239,7 +240,7 @@ class Engine:
         cfg, params = self.cfg, run.req.kv_params
         chain = run.chain[: run.num_kv_tokens]
         if cfg.enable_prefix_caching:
-            self.pool.cache(run.block_ids, block_hashes(chain, cfg.block_size))
+            self.pool.cache(run.block_ids, block_hashes(chain, cfg.block_size, run.req.cache_salt))
         self.metrics.generation_tokens.inc(len(run.output))
         self.metrics.request_success(run.finish_reason)
         self.metrics.num_requests_running.dec()

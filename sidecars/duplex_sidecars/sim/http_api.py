@@ -67,6 +67,16 @@ def _opt_int(body: dict[str, Any], name: str, minimum: int) -> int | None:
     return value
 
 
+def _salt(body: dict[str, Any]) -> str | None:
+    """vLLM's cache_salt: a non-empty string, or absent."""
+    value = body.get("cache_salt")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ApiError(400, "'cache_salt' must be a non-empty string")
+    return value
+
+
 def _completion_prompt(prompt: Any) -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
@@ -188,6 +198,7 @@ class OpenAIApi:
             min_tokens=_opt_int(body, "min_tokens", 0) or 0,
             ignore_eos=bool(body.get("ignore_eos", False)),
             kv_params=params,
+            cache_salt=_salt(body),
         )
         try:
             run = await self.engine.prefill(greq)

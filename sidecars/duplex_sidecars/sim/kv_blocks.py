@@ -67,9 +67,15 @@ def _extend(prev: bytes, tokens: Sequence[int]) -> bytes:
     return b"".join(rows)
 
 
-def block_hashes(chain: np.ndarray, block_size: int) -> list[bytes]:
-    """Prefix-cache keys of the full blocks a token sequence fills."""
-    return [chain[i + block_size - 1].tobytes() for i in range(0, len(chain) - block_size + 1, block_size)]
+def block_hashes(chain: np.ndarray, block_size: int, salt: str | None = None) -> list[bytes]:
+    """Prefix-cache keys of the full blocks a token sequence fills. A request's `cache_salt` changes every key, as
+    vLLM's does (it enters the first block's hash, which every later one chains from): salted prompts share cached
+    blocks only with prompts of the same salt."""
+    keys = [chain[i + block_size - 1].tobytes() for i in range(0, len(chain) - block_size + 1, block_size)]
+    if salt is None:
+        return keys
+    prefix = salt.encode()  # every key has the same length, so salt + key never reads as another pair
+    return [hashlib.blake2b(prefix + k, digest_size=len(k), person=b"duplex-sim-salt").digest() for k in keys]
 
 
 def slot_bytes(chain_rows: np.ndarray, slot_size: int) -> np.ndarray:

@@ -23,6 +23,20 @@ def test_block_hashes_cover_full_blocks_only():
     assert num_blocks_for(10, BS) == 3 and num_blocks_for(8, BS) == 2
 
 
+def test_a_cache_salt_keeps_a_prompts_blocks_apart():
+    # vLLM: cache_salt enters the first block's hash, so every key of a salted prompt differs.
+    chain = token_chain(list(range(12)))
+    plain, salted = block_hashes(chain, BS), block_hashes(chain, BS, "tenant-a")
+    assert block_hashes(chain, BS, "tenant-a") == salted  # the same salt finds the same blocks
+    assert not set(salted) & set(plain) and not set(salted) & set(block_hashes(chain, BS, "tenant-b"))
+    pool = BlockPool(8, BS, 64)
+    ids = pool.allocate(3)
+    pool.cache(ids, salted)
+    pool.free(ids)
+    assert pool.match_prefix(plain) == []
+    assert pool.match_prefix(salted) == ids
+
+
 def test_slot_bytes_tile_the_digest_to_any_slot_size():
     chain = token_chain([1, 2])
     out = slot_bytes(chain, 40)
