@@ -12,6 +12,8 @@ import json
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,7 +105,7 @@ def show(cluster: LocalCluster) -> None:
     obj = json.loads(kubectl(cluster, "-n", NAMESPACE, "get", "dsv", SERVING, "-o", "json"))
     print("status.effectiveKV:", json.dumps(obj["status"]["effectiveKV"]))
     for c in obj["status"]["conditions"]:
-        print(f"  {c['type']:<13} {c['status']:<6} {c['reason']:<20} {c['message']}")
+        print(f"  {c['type']:<23} {c['status']:<8} {c['reason']:<20} {c['message']}")
     print()
 
 
@@ -118,7 +120,28 @@ def router_config_from_cluster(cluster: LocalCluster, prefill: str, decode: str,
     config["prefill"], config["decode"] = [prefill], [decode]
     config["host"] = "127.0.0.1"
     config["served_model_names"] = [model]
+    # The engines run here, not in the cluster's pods: the canary's verdict is read off the router's /ready, not
+    # reported to the operator (whose DisaggregationVerified counts canaries on its engine pods' IPs only).
+    config["fabric"] = {**config["fabric"], "report": None}
+    config["canary"] = {**config["canary"], "check_seconds": 1.0}
     return config
+
+
+def wait_for_canary(url: str, timeout: float = 300.0) -> dict[str, Any]:
+    """The router's first canary result (its two turns also open the connections and NIXL handshakes)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/ready", timeout=10) as resp:
+                body = json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            body = json.loads(err.read() or b"{}")
+        except (urllib.error.URLError, OSError, ValueError):
+            body = {}
+        if body.get("canary"):
+            return dict(body["canary"])
+        time.sleep(1.0)
+    raise RuntimeError(f"the router's canary gave no result in {timeout:.0f}s")
 
 
 class Engines:
@@ -250,8 +273,12 @@ def live_chat(cluster: LocalCluster, turns: int, engines: Engines) -> None:
             f"{config['conversation']['ttl_seconds']:g}s < engines' {config['conversation']['engine_blocks_ttl_seconds']:g}s)"
         )
         with RouterProcess(config=config) as router:
-            # connections and NIXL handshakes, so that turn 1 compares fairly
-            asyncio.run(chat(router.url, "warm-up", 2, model=engines.model))
+            # The canary first: it verifies both directions, and opens the connections and NIXL handshakes, so that
+            # turn 1 compares fairly.
+            canary = wait_for_canary(router.url)
+            say(f"canary ({'verified' if canary['ok'] else 'FAILED at ' + canary['step']}): {canary['message']}")
+            if not canary["ok"]:
+                raise RuntimeError("the router's canary failed: " + canary["message"])
             results: dict[str, Any] = {}
             for label, conv, fresh in (
                 ("recompute", "demo-recompute", True),
@@ -261,7 +288,7 @@ def live_chat(cluster: LocalCluster, turns: int, engines: Engines) -> None:
                 results[label] = asyncio.run(chat(router.url, conv, turns, fresh, model=engines.model))
                 results[label + " read"] = engines.read_back() - before
             corrupt = engines.corrupt()
-            hits = router.metric("duplex_router_kv_reuse_hits_total") - 1  # minus the warm-up's hit
+            hits = router.metric("duplex_router_kv_reuse_hits_total")  # the canary's are counted apart
     base, reuse = results["recompute"], results["duplex reuse"]
     print()
     print(f"{'turn':>4} {'prompt tokens':>13} {'TTFT recompute':>15} {'TTFT duplex':>12} {'saved':>7}")
