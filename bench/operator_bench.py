@@ -64,6 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sizes", help="servings per run, comma-separated (default 10,50,100,200; quick 5,10)")
     p.add_argument("--idle-seconds", type=float, help="idle window after all are Ready (default 300; quick 30)")
     p.add_argument("--resync-seconds", type=float, help="the operator's resync period (default 60, its own; quick 10)")
+    p.add_argument("--probes", type=int, default=10, help="servings then created one at a time (default 10)")
     p.add_argument("--clients", type=int, default=4, help="threads creating the servings (default 4)")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="give up waiting for Ready after this")
     p.add_argument("--out", help="results stem (default bench/results/operator-<date>[-quick])")
@@ -99,9 +100,7 @@ class FirstSeen:
         self._ready.set()
         while not self._stop.is_set():
             try:
-                stream = watch.Watch().stream(
-                    self._list_fn, resource_version=rv, timeout_seconds=5, allow_watch_bookmarks=True, **self._kw
-                )
+                stream = watch.Watch().stream(self._list_fn, resource_version=rv, timeout_seconds=5, **self._kw)
                 for ev in stream:
                     obj = ev["object"]
                     rv = obj["metadata"]["resourceVersion"]
@@ -239,9 +238,34 @@ def run_size(n: int, cluster: LocalCluster, api: client.ApiClient, args: argpars
             f"({row['idle']['resumed_watches']} resumed watches), {row['idle']['writes']} writes, "
             f"{passes:.0f} passes; CPU {row['idle_cpu_pct']:.1f}% of a core; RSS {after['rss_mib']:.0f} MiB"
         )
+        row["single_children_s"] = stats.spread(probe_applies(custom, ns, args.probes))
+        say(
+            f"{n}: one at a time beside them: children p50 {row['single_children_s']['p50']:.2f} s "
+            f"p99 {row['single_children_s']['p99']:.2f} s"
+        )
     finally:
         op.stop()
     return row
+
+
+def probe_applies(custom: client.CustomObjectsApi, ns: str, count: int) -> list[float]:
+    """Apply-to-children of `count` more servings created one at a time (each after the previous one's children
+    exist), beside the N already converged: the latency of a single apply, without the burst's queue."""
+    deployments = FirstSeen(
+        custom.list_namespaced_custom_object, deployment_key, group="apps", version="v1",
+        namespace=ns, plural="deployments", label_selector="app.kubernetes.io/managed-by=duplex",
+    ).start()  # fmt: skip
+    out = []
+    try:
+        for i in range(count):
+            name = f"probe-{i:02d}"
+            custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, fleet.serving(name, ns))
+            created = time.monotonic()
+            if wait_until(lambda: all(f"{name}/{r}" in deployments.at for r in ROLES), 60, 0.02):  # noqa: B023
+                out.append(max(deployments.at[f"{name}/{r}"] for r in ROLES) - created)
+    finally:
+        deployments.stop()
+    return out
 
 
 def delete_namespace(core: client.CoreV1Api, ns: str, timeout: float) -> bool:
@@ -285,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         "idle_seconds": args.idle_seconds,
         "resync_seconds": args.resync_seconds,
         "clients": args.clients,
+        "probes": args.probes,
         "nodes": {"p5en.48xlarge": gpu_nodes, "m7i.4xlarge": cpu_nodes},
         "serving": fleet.serving("s-000", "opbench")["spec"],
         "rows": [],

@@ -13,6 +13,7 @@ METRICS: tuple[tuple[str, Any], ...] = (
     ("time until all Ready (s)", lambda r: r["all_ready_s"]),
     ("apply-to-children p50 (s)", lambda r: r["children_s"]["p50"]),
     ("apply-to-children p99 (s)", lambda r: r["children_s"]["p99"]),
+    ("apply-to-children one at a time p99 (s)", lambda r: r["single_children_s"]["p99"]),
     ("requests to converge", lambda r: r["converge_requests"]["requests"]),
     ("idle requests per resync period", lambda r: r["idle"]["requests_per_resync"]),
     ("idle writes", lambda r: r["idle"]["writes"]),
@@ -22,7 +23,8 @@ METRICS: tuple[tuple[str, Any], ...] = (
 )
 
 CONVERGE_HEADER = [
-    "servings", "create calls (s)", "all Ready (s)", "children p50 / p99 / max (s)", "Ready p50 / p99 (s)",
+    "servings", "create calls (s)", "all Ready (s)", "children p50 / p99 / max (s)", "one at a time p50 / p99 (s)",
+    "Ready p50 / p99 (s)",
     "requests to converge (per serving)", "writes to converge",
 ]  # fmt: skip
 IDLE_HEADER = [
@@ -93,7 +95,8 @@ def markdown(results: dict[str, Any]) -> str:
         "## Per size",
         "",
         "Apply-to-children: from a serving's create call returning to its three Deployments (prefill, decode, router) "
-        "all seen on a watch. Ready: its Ready condition True at its current generation (kwok runs the pods). "
+        "all seen on a watch, for the N created at once (a burst: the later ones wait in the operator's queue) and for "
+        f"{results.get('probes', 0)} more created one at a time after the idle window, beside the N. Ready: its Ready condition True at its current generation (kwok runs the pods). "
         "Requests are the operator identity's, from the API server's audit log.",
         "",
         *_table(
@@ -104,6 +107,7 @@ def markdown(results: dict[str, Any]) -> str:
                     _f(r["create_s"], ".1f"),
                     _f(r["all_ready_s"], ".1f") if r["all_ready_s"] is not None else f"{r['ready']} Ready",
                     " / ".join(_f(r["children_s"][k]) for k in ("p50", "p99", "max")),
+                    " / ".join(_f(r["single_children_s"][k]) for k in ("p50", "p99")),
                     " / ".join(_f(r["ready_s"][k], ".1f") for k in ("p50", "p99")),
                     f"{r['converge_requests']['requests']} ({_f(r['converge_requests']['per_serving'], '.1f')})",
                     str(r["converge_requests"]["writes"]),

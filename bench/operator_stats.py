@@ -91,6 +91,7 @@ def verdicts(largest: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Each target against the largest size's figures: (target, measured, met)."""
     ready = largest.get("all_ready_s")
     p99 = largest["children_s"]["p99"]
+    single = largest["single_children_s"]["p99"]
     writes = largest["idle"]["writes"]
     rss = largest["rss_mib"]["peak"]
     complete = largest["ready"] == largest["servings"]
@@ -101,9 +102,16 @@ def verdicts(largest: Mapping[str, Any]) -> list[dict[str, Any]]:
             "met": bool(complete and ready is not None and ready < TARGET_ALL_READY_S),
         },
         {
-            "target": f"apply-to-children p99 under {TARGET_CHILDREN_P99_S:.0f} s",
+            "target": f"apply-to-children p99 under {TARGET_CHILDREN_P99_S:.0f} s, all {largest['servings']} "
+            "created at once",
             "measured": f"{p99:.2f} s",
             "met": bool(p99 < TARGET_CHILDREN_P99_S),
+        },
+        {
+            "target": f"apply-to-children p99 under {TARGET_CHILDREN_P99_S:.0f} s, one serving at a time beside "
+            f"{largest['servings']}",
+            "measured": f"{single:.2f} s",
+            "met": bool(single < TARGET_CHILDREN_P99_S),
         },
         {
             "target": f"zero writes over {largest['idle']['window_s']:.0f} idle seconds",

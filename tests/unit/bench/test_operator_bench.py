@@ -102,6 +102,7 @@ def row(n: int, ready_s: float | None, p99: float, writes: int, peak: float) -> 
         "all_ready_s": ready_s,
         "ready": n if ready_s is not None else n - 1,
         "children_s": {"n": n, "p50": p99 / 2, "p99": p99, "max": p99},
+        "single_children_s": {"n": 10, "p50": p99 / 4, "p99": p99 / 2, "max": p99 / 2},
         "ready_s": {"n": n, "p50": 5.0, "p99": 9.0, "max": 9.0},
         "converge_requests": {"requests": 15 * n, "writes": 15 * n, "per_serving": 15.0},
         "idle": idle,
@@ -113,10 +114,10 @@ def row(n: int, ready_s: float | None, p99: float, writes: int, peak: float) -> 
 
 def test_verdicts_judge_the_largest_size():
     met = stats.verdicts(row(200, 40.0, 0.5, 0, 150.0))
-    assert [v["met"] for v in met] == [True, True, True, True]
+    assert [v["met"] for v in met] == [True, True, True, True, True]
     missed = stats.verdicts(row(200, None, 1.5, 2, 250.0))
-    assert [v["met"] for v in missed] == [False, False, False, False]
-    assert missed[0]["measured"] == "199 Ready" and missed[2]["measured"] == "2 writes"
+    assert [v["met"] for v in missed] == [False, False, True, False, False]
+    assert missed[0]["measured"] == "199 Ready" and missed[3]["measured"] == "2 writes"
 
 
 def test_markdown_has_the_command_targets_and_one_row_per_size():
@@ -132,7 +133,7 @@ def test_markdown_has_the_command_targets_and_one_row_per_size():
     report.analyse(results)
     text = report.markdown(results)
     assert "`python bench/operator_bench.py --sizes 10,200`" in text and "abc1234" in text
-    assert text.count("| yes |") == 4 and "**no**" not in text
+    assert text.count("| yes |") == 5 and "**no**" not in text
     assert "| 10 | 300 |" in text and "| 200 | 300 |" in text
     growth = {g["metric"]: g for g in results["growth"]}
     assert growth["CPU seconds to converge"]["exponent"] == pytest.approx(1.0)
