@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup run test lint image test-unit test-cluster test-vllm test-realvllm test-image test-chart crds docs crds-check render cluster-up cluster-down bench bench-router bench-http bench-ttft clean
+.PHONY: setup run test lint image test-unit test-cluster test-vllm test-realvllm test-image test-chart crds docs crds-check render cluster-up cluster-down bench bench-router bench-http bench-ttft bench-operator clean
 
 $(STAMP): pyproject.toml hack/pyproject.toml hack/versions.sh hack/setup.sh hack/build-tools.sh
 	bash hack/setup.sh
@@ -87,6 +87,11 @@ bench-http: $(STAMP)
 bench-ttft: $(STAMP)
 	@$(PY) -c "import matplotlib" 2>/dev/null || $(VENV)/bin/pip install -q -e '.[bench]'
 	$(PY) bench/ttft_bench.py
+
+## The operator at scale on the local control plane: 10 to 200 DisaggregatedServings, time to Ready, apply-to-children
+## latency, idle requests and writes from the audit log, CPU and RSS (~30 min; `--quick`: sizes 5,10, a few minutes).
+bench-operator: $(STAMP)
+	$(PY) bench/operator_bench.py
 
 clean:
 	-$(VENV)/bin/duplex-dev cluster down

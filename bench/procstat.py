@@ -26,13 +26,29 @@ def cpu_seconds(pid: int) -> float:
     return sum(cpu_times(pid))
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident set size of a process."""
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """Resident set size of a process (`field` "VmHWM": the highest it has been)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def group_pids(pgid: int) -> list[int]:
+    """The live processes of a process group (a process started in its own session leads one)."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            pids.append(int(entry.name))
+    return pids
 
 
 def self_rss_bytes() -> int:

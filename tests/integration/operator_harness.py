@@ -1,155 +1,40 @@
-"""Run `duplex operator` as a subprocess against the local control plane, under the chart's ClusterRole."""
+"""The operator harness of the integration tests: duplex_dev.launch.operator (shared with bench/operator_bench.py),
+plus the observation window the tests wait out."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
-from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
-import yaml
+from duplex_dev.launch.operator import (
+    CLUSTER_ROLE,
+    CRD,
+    OPERATOR_USER,
+    ROOT,
+    WRITE_VERBS,
+    OperatorProcess,
+    free_port,
+    install_crd_and_rbac,
+    operator_requests,
+    operator_writes,
+    query,
+    resource,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-OPERATOR_USER = "duplex-operator"
-CLUSTER_ROLE = ROOT / "charts/duplex/files/clusterrole.yaml"
-CRD = ROOT / "crds/duplex.dev_disaggregatedservings.yaml"
-WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def install_crd_and_rbac(kubectl: Any) -> None:
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    kubectl("wait", "--for=condition=Established", "crd/disaggregatedservings.duplex.dev", "--timeout=60s")
-    kubectl("apply", "-f", str(CLUSTER_ROLE))
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": "duplex-operator-test"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "duplex-operator"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}],
-    }
-    kubectl("apply", "-f", "-", input=yaml.safe_dump(binding))
-
-
-class OperatorProcess:
-    """One `duplex operator --all-namespaces` process with its own log; restartable."""
-
-    def __init__(self, kubeconfig: Path, log_dir: Path, resync_seconds: float = 2.0) -> None:
-        self.kubeconfig = kubeconfig
-        self.log_path = log_dir / "operator.log"
-        self.resync_seconds = resync_seconds
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.metrics_port = 0
-
-    def start(self) -> None:
-        self.metrics_port = free_port()
-        argv = [
-            sys.executable, "-m", "duplex.cli", "operator", "--all-namespaces",
-            "--kubeconfig", str(self.kubeconfig), "--metrics-port", str(self.metrics_port), "--health-port", "0",
-            "--resync-seconds", str(self.resync_seconds),
-        ]  # fmt: skip
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-    def kill(self) -> None:
-        """SIGKILL: no graceful shutdown, as a crashed pod would get."""
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(60)
-        self.proc = None
-
-    def stop(self) -> None:
-        """SIGTERM (kopf shuts down its watches and our workers), SIGKILL if that takes too long. The bounds are
-        generous: on a loaded 2-core machine interpreter teardown alone has taken several seconds."""
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(60)
-        self.proc = None
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def metric(self, name: str, **labels: str) -> float:
-        """Sum of the operator's /metrics samples named `name` whose labels match."""
-        from duplex_dev import processes
-
-        return processes.metric_sum(processes.scrape(f"http://127.0.0.1:{self.metrics_port}/metrics"), name, **labels)
-
-    def log_tail(self, lines: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-def operator_requests(audit_log: Path, since: float, until: float | None = None) -> list[dict[str, Any]]:
-    """Every request the operator's identity made that the API server received in [since, until) (epoch seconds),
-    one audit event per request: a watch's ResponseStarted (it may not have completed yet), else ResponseComplete."""
-    first: dict[str, dict[str, Any]] = {}
-    with open(audit_log, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            if OPERATOR_USER not in line:  # cheap: most lines are the control plane's own
-                continue
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if (ev.get("user") or {}).get("username") != OPERATOR_USER:
-                continue
-            if ev.get("stage") not in ("ResponseStarted", "ResponseComplete"):
-                continue
-            received = _epoch(ev.get("requestReceivedTimestamp", ""))
-            if received < since or (until is not None and received >= until):
-                continue
-            first.setdefault(ev["auditID"], ev)
-    return list(first.values())
-
-
-def operator_writes(audit_log: Path, since: float, namespace: str | None = None) -> list[dict[str, Any]]:
-    """Write requests the operator's identity made after `since` (epoch seconds), from the API server audit log."""
-    return [
-        ev
-        for ev in operator_requests(audit_log, since)
-        if ev.get("verb") in WRITE_VERBS
-        and (not namespace or (ev.get("objectRef") or {}).get("namespace") == namespace)
-    ]
-
-
-def resource(ev: dict[str, Any]) -> str | None:
-    """The request's resource ("deployments", "disaggregatedservings/status"), None for a non-resource URL."""
-    ref = ev.get("objectRef") or {}
-    if not ref.get("resource"):
-        return None
-    return ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-
-
-def query(ev: dict[str, Any]) -> dict[str, list[str]]:
-    return parse_qs(urlsplit(ev.get("requestURI", "")).query)
-
-
-def _epoch(stamp: str) -> float:
-    from datetime import datetime
-
-    try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
+__all__ = [
+    "CLUSTER_ROLE",
+    "CRD",
+    "OPERATOR_USER",
+    "ROOT",
+    "WRITE_VERBS",
+    "OperatorProcess",
+    "free_port",
+    "install_crd_and_rbac",
+    "operator_requests",
+    "operator_writes",
+    "query",
+    "resource",
+    "wait_seconds",
+]
 
 
 def wait_seconds(seconds: float) -> None:
