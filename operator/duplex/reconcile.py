@@ -50,11 +50,18 @@ def _reconcile(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Mapping
     out = Outcome(ready=result.ready, invalid=result.invalid)
 
     current = {key(dict(o)): o for o in observed}
+    made = []
     for obj in result.create:  # before the Deployments that read it
-        _create_once(kube, obj)
-        current[key(obj)] = obj
+        created = _create_once(kube, obj)
+        current[key(obj)] = created or obj
+        made += [_without_data(created)] if created else []
         metrics.WRITES.labels("create", obj["kind"]).inc()
         out.applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
+    if made and len(made) == len(result.create):
+        # The API server answered with the new Secret's uid: the core again, with it, so that the workloads that
+        # wait for the key go out in this pass rather than in the next one (a settle interval and a pass later).
+        result = sync(parent, [*observed, *made], parent.get("status"), at=status.now())
+        out = Outcome(applied=out.applied, ready=result.ready, invalid=result.invalid)
     for obj in result.apply:
         current[key(obj)] = kube.apply(obj)
         metrics.WRITES.labels("apply", obj["kind"]).inc()
@@ -80,11 +87,17 @@ def _reconcile(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Mapping
     return out
 
 
-def _create_once(kube: Kube, secret: dict[str, Any]) -> None:
-    """Create the engine key Secret with a fresh random key; one that exists already (the watch had not brought it
-    yet) keeps its key."""
+def _create_once(kube: Kube, secret: dict[str, Any]) -> dict[str, Any] | None:
+    """Create the engine key Secret with a fresh random key, and return it as stored; one that exists already (the
+    watch had not brought it yet) keeps its key, and None is returned."""
     try:
-        kube.create(with_fresh_key(secret))
+        return kube.create(with_fresh_key(secret))
     except ApiError as err:
         if err.reason != "AlreadyExists":
             raise
+        return None
+
+
+def _without_data(secret: dict[str, Any]) -> dict[str, Any]:
+    """What the core may see of a Secret: never its key (the watch's cache does not keep it either)."""
+    return {k: v for k, v in secret.items() if k not in ("data", "stringData")}

@@ -107,18 +107,22 @@ class RecordingKube:
         self.fail_apply = fail_apply
         self.exists = exists  # create answers AlreadyExists
         self.created: list[dict[str, Any]] = []
+        self.applied: list[dict[str, Any]] = []
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(("create", *refs([obj])))
         if self.exists:
             raise ApiError(status=409, reason="AlreadyExists")
         self.created.append(obj)
-        return copy.deepcopy(obj)
+        stored = copy.deepcopy(obj)
+        stored["metadata"]["uid"] = f"uid-{len(self.created)}"  # the API server gives it one
+        return stored
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         if self.fail_apply is not None:
             raise self.fail_apply
         self.calls.append(("apply", *refs([obj])))
+        self.applied.append(obj)
         stored = copy.deepcopy(obj)
         stored["metadata"]["resourceVersion"] = "8"
         return stored

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sync_helpers import BAD, FIRST, KEY_SECRET, LIVE, LOADING, READY, P, RecordingKube, stale
+from sync_helpers import ALL, BAD, FIRST, KEY_SECRET, LIVE, LOADING, READY, P, RecordingKube, stale
 
 from duplex.apierrors import ApiError
 from duplex.reconcile import reconcile_once
@@ -18,15 +18,20 @@ def with_status(parent: dict[str, Any], status: dict[str, Any] | None) -> dict[s
 
 
 def test_a_new_parent_applies_everything_then_writes_status_then_posts_events() -> None:
+    # The key Secret first; the API server's answer carries its uid, so the workloads that wait for it go out in
+    # the same pass.
     kube = RecordingKube()
     outcome = reconcile_once(kube, P, [])  # type: ignore[arg-type]
     assert kube.calls == [
         ("create", KEY_SECRET),
-        *(("apply", ref) for ref in FIRST),
+        *(("apply", ref) for ref in ALL),
         ("status", "ns1/demo"),
         ("event", "Normal/Applied"),
     ]
-    assert outcome.applied == [KEY_SECRET, *FIRST] and outcome.wrote and not outcome.ready
+    assert outcome.applied == [KEY_SECRET, *ALL] and outcome.wrote and not outcome.ready
+    deployments = [o for o in kube.applied if o["kind"] == "Deployment"]
+    assert deployments and all("uid-1" in str(d["spec"]["template"]) for d in deployments)  # they roll with it
+    assert kube.created[0]["stringData"]["api-key"] not in str(kube.applied)  # the key never reaches an applied object
 
 
 def test_the_shell_draws_a_fresh_random_key_and_keeps_an_existing_one() -> None:
