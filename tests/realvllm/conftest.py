@@ -7,10 +7,10 @@ the others' health probes and NIXL handshakes past every bound in CI:
 * `prefill`: prefix caching off (a test override), so every token reused from decode is a NIXL read on prefill and
   shows up in its counters;
 * `decode`: decoder_kv_blocks_ttl rig.DECODE_TTL (a test override of the rendered 480 s), so that a router that
-  believes the rendered TTL (`stale_router`) replays blocks the engine has already dropped, within a test's time.
+  believes a longer TTL (`stale_router`) replays blocks the engine has already dropped, within a test's time.
 
 Routers: `router` knows decode's TTL (conversation TTL below it, as the operator renders); `stale_router` believes
-the rendered 480 s.
+decode keeps blocks longer than any engine restart in this tier takes.
 
 A missing CPU vLLM install or model is a failure, never a skip (in CI and locally), with the set-up hint.
 """
@@ -32,7 +32,16 @@ from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.vllm import VllmEngine, calm_spinners, start_all
 from duplex_dev.models import SetupMissing
 
-from .rig import DECODE_TTL, LONG, REPLAY_SECONDS, STUCK_TURN_SECONDS, chat, keyed_engines, wait_ready_engines
+from .rig import (
+    DECODE_TTL,
+    LONG,
+    REPLAY_SECONDS,
+    RESTART_SECONDS,
+    STUCK_TURN_SECONDS,
+    chat,
+    keyed_engines,
+    wait_ready_engines,
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -167,7 +176,9 @@ ROUTER_CONFIG: dict[str, Any] = {
 }
 # What each router believes of decode's decoder_kv_blocks_ttl, and its conversation TTL below that.
 KNOWN_TTL = {"ttl_seconds": DECODE_TTL - 20, "engine_blocks_ttl_seconds": DECODE_TTL}
-RENDERED_TTL = {"ttl_seconds": 450, "engine_blocks_ttl_seconds": 480}
+# The stale router's must outlast a decode restart (the rendered 450 did not: a 10-minute restart in CI swept the
+# entry the restart test replays).
+STALE_TTL = {"ttl_seconds": RESTART_SECONDS + 300, "engine_blocks_ttl_seconds": RESTART_SECONDS + 330}
 
 
 def _router(prefill: VllmEngine, decode: VllmEngine, ttl: dict[str, float], **more: Any) -> RouterProcess:
@@ -196,8 +207,8 @@ def canary_router(engines: Engines) -> Iterator[RouterProcess]:
 
 @pytest.fixture(scope="session")
 def stale_router(engines: Engines) -> Iterator[RouterProcess]:
-    """A router that believes decode keeps blocks the rendered 480 s while it keeps them rig.DECODE_TTL: it replays
-    entries whose blocks the engine has dropped (the expiry test), or that died with a restarted engine."""
-    with _router(engines.prefill, engines.decode, RENDERED_TTL) as r:
+    """A router that believes decode keeps blocks far longer than rig.DECODE_TTL: it replays entries whose blocks the
+    engine has dropped (the expiry test), or that died with a restarted engine."""
+    with _router(engines.prefill, engines.decode, STALE_TTL) as r:
         wait_ready_engines(r)
         yield r

@@ -98,8 +98,8 @@ def test_too_few_reusable_tokens_are_recomputed_by_prefill(engines, router):
 @pytest.mark.leaves_prefill_stuck(order=2)
 @pytest.mark.timeout(DECODE_TTL + 2 * STUCK_TURN_SECONDS + 300)
 def test_blocks_expired_on_the_engine_are_declined_and_recomputed(engines, stale_router):
-    """decode keeps blocks rig.DECODE_TTL seconds while this router believes the rendered 480 (and keeps entries 450
-    s): past the engine's TTL the router replays, prefill sees from remote_blocks_expiry_time that the blocks are
+    """decode keeps blocks rig.DECODE_TTL seconds while this router believes they live far longer (conftest.STALE_TTL):
+    past the engine's TTL the router replays, prefill sees from remote_blocks_expiry_time that the blocks are
     (within 5 s of) expired and declines the read. vLLM 0.32 then leaves that request waiting (rig.REPLAY_SECONDS):
     the router abandons the replaying leg and prefill recomputes, so the client still gets the recompute's answer."""
     conv = f"expired-{uuid.uuid4().hex}"
