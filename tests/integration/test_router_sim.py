@@ -121,6 +121,18 @@ async def test_multi_turn_chat_reuses_decodes_blocks_every_turn(make_rig):
     assert pulled == rig.reused_tokens  # every offered token was pulled from decode, not recomputed
 
 
+async def test_a_history_below_the_routers_threshold_is_recomputed(make_rig):
+    rig = await make_rig(reuse={"min_tokens": 100_000})
+    conv = Conversation(f"conv-{uuid.uuid4().hex}")
+    external0 = rig.engines.external()
+    for turn in range(2):
+        before = copy.deepcopy(conv.messages) + [{"role": "user", "content": LONG + f" turn {turn}"}]
+        result = await rig.client.turn(conv, LONG + f" turn {turn}")
+        assert result.text == expected_reply(before)
+    assert rig.hits == 0 and rig.misses("below_threshold") == 1
+    assert rig.engines.external() == external0  # prefill read nothing: it computed the history
+
+
 async def test_completions_reuse(make_rig):
     rig = await make_rig()
     session = rig.client._session

@@ -18,6 +18,7 @@ from duplex_sidecars.http1.client import EngineClient
 from duplex_sidecars.http1.server import ClientGone, FrontServer, Limits, Request
 from duplex_sidecars.router import pipeline
 from duplex_sidecars.router.apis import APIS
+from duplex_sidecars.router.calibration import Calibration
 from duplex_sidecars.router.canary import Canary
 from duplex_sidecars.router.client_auth import ClientKeys, presented_key
 from duplex_sidecars.router.config import RouterConfig
@@ -73,6 +74,7 @@ class Router:
         self.fabric: FabricWatch | None = None
         self.fabric_report: FabricReporter | None = None
         self.canary: Canary | None = None
+        self.calibration = self._calibration(config)
         self.watcher: EndpointSliceWatcher | None = None
         self.pickers = {PREFILL: prefill_picker(config.placement), DECODE: decode_picker()}
         self.client_keys = ClientKeys(config.client_keys_dir) if config.client_keys_dir else None
@@ -99,7 +101,18 @@ class Router:
             metrics=self.metrics,
             engine_api_key=self.engine_api_key,
             fabric=self.fabric,
+            calibration=self.calibration,
         )
+
+    @staticmethod
+    def _calibration(config: RouterConfig) -> Calibration | None:
+        r = config.reuse
+        return Calibration(r.calibration_window, r.calibration_min_samples) if r.calibrate else None
+
+    def calibrated(self) -> dict[str, Any] | None:
+        """The latest fit of what a computed and a read token cost (router/calibration.py), or None."""
+        fit = self.calibration.fit() if self.calibration is not None else None
+        return fit.report() if fit is not None else None
 
     def apply_limits(self) -> None:
         """The client limits of the config, applied to the HTTP server (on start and on every reload)."""
@@ -144,9 +157,11 @@ class Router:
             self._tasks.append(loop.create_task(self._watch_config()))
 
     def verdict(self) -> dict[str, Any]:
-        """What the fabric report tells the operator: the fabric watch's verdict and the canary's latest result."""
+        """What the fabric report tells the operator: the fabric watch's verdict, the canary's latest result and the
+        calibration."""
         assert self.fabric is not None
-        return {**self.fabric.verdict(), "canary": self.canary.verdict() if self.canary is not None else None}
+        canary = self.canary.verdict() if self.canary is not None else None
+        return {**self.fabric.verdict(), "canary": canary, "calibration": self.calibrated()}
 
     def _session(self) -> aiohttp.ClientSession:
         assert self.session is not None
@@ -241,6 +256,8 @@ class Router:
                 hc.timeout_seconds,
             )
             self.prober._headers = self._probe_headers()
+        if new.reuse.model_dump(exclude={"min_tokens"}) != old.reuse.model_dump(exclude={"min_tokens"}):
+            self.calibration = self._calibration(new)  # a new window starts empty
         if new.placement != old.placement:
             self.pickers = {PREFILL: prefill_picker(new.placement), DECODE: self.pickers[DECODE]}
         self.config = new
@@ -364,6 +381,7 @@ async def _ready(router: Router, request: Request) -> None:
         "store": router.store.health(),
         "fabric": router.fabric.describe() if router.fabric is not None else None,
         "canary": router.canary.verdict() if router.canary is not None else None,
+        "calibration": router.calibrated(),
         "config_generation": router.generation,
     }
     if router.watcher is not None:

@@ -231,8 +231,17 @@ class Canary:
         return out
 
     async def _two_turns(self, prefill_url: str, decode_url: str, turns: list[dict[str, Any]]) -> dict[str, Any]:
+        live = self._deps()
+        # Its own metrics, its engines, and no router threshold: the read back must happen whatever its size (the
+        # engines' own kv_recompute_threshold still applies, which canary.prompt_words is sized for). Its legs are
+        # no samples for the calibration either: a salted turn 1 and a pinned pair are not the traffic's.
+        config = live.config.model_copy(update={"reuse": live.config.reuse.model_copy(update={"min_tokens": 0})})
         deps = dataclasses.replace(
-            self._deps(), pickers={PREFILL: Pinned(prefill_url), DECODE: Pinned(decode_url)}, metrics=self._metrics
+            live,
+            config=config,
+            pickers={PREFILL: Pinned(prefill_url), DECODE: Pinned(decode_url)},
+            metrics=self._metrics,
+            calibration=None,
         )
         conversation = f"duplex-canary-{os.urandom(8).hex()}"
         model = self.config.model or next(iter(deps.config.served_model_names), None) or await self._model(prefill_url)

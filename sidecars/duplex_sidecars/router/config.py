@@ -132,6 +132,22 @@ class PlacementConfig(_Strict):
     read_latency_ms: float = Field(2.0, ge=0, description="cost: the fixed part of a read (handshake, posting).")
 
 
+class ReuseConfig(_Strict):
+    """When a turn replays decode's blocks, and the fit of what that saves (router/calibration.py)."""
+
+    min_tokens: int = Field(
+        0, ge=0, description="Replay only when at least this many tokens are reusable; fewer are a `below_threshold` "
+        "miss that prefill recomputes. The operator renders kvTransfer.recomputeThreshold here, or the value Auto "
+        "calibrated, so that it takes effect without restarting an engine. 0: every entry is replayed and the "
+        "engines' kv_recompute_threshold decides.",
+    )  # fmt: skip
+    calibrate: bool = Field(True, description="Fit what a computed and a read token cost from the prefill legs.")
+    calibration_window: int = Field(512, ge=32, le=65536, description="Prefill legs the fit looks at, latest first.")
+    calibration_min_samples: int = Field(
+        16, ge=4, description="Legs of each kind (replay, recompute) the fit needs before it says anything."
+    )
+
+
 class FabricReportConfig(_Strict):
     """Where the router publishes its fabric verdict for the operator's KVTransferHealthy condition: its own key in
     one ConfigMap that the operator owns (router/fabric_report.py)."""
@@ -206,6 +222,7 @@ class RouterConfig(_Strict):
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     fabric: FabricConfig = Field(default_factory=FabricConfig)
     canary: CanaryConfig = Field(default_factory=CanaryConfig)
+    reuse: ReuseConfig = Field(default_factory=ReuseConfig)
     client_keys_dir: str | None = Field(
         None,
         description="Directory of client API keys, one file per tenant (name: the tenant, content: the key), e.g. "

@@ -21,6 +21,7 @@ MISS_REASONS: tuple[str, ...] = (
     "stream_no_params",
     "reasoning",
     "no_prior_turn",
+    "below_threshold",
 )
 
 

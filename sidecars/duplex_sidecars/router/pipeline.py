@@ -29,6 +29,7 @@ from duplex_sidecars import protocol
 from duplex_sidecars.http1.client import EngineClient, EngineResponse
 from duplex_sidecars.router import attempts, jsonio, legs, reuse
 from duplex_sidecars.router.attempts import BROKEN, CONNECT, STATUS_4XX, TIMEOUT
+from duplex_sidecars.router.calibration import Calibration
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.endpoints import DECODE, PREFILL, Engine, Engines
 from duplex_sidecars.router.errors import BackendFailed, BackendUnavailable, RouterError
@@ -60,6 +61,7 @@ class Deps:
     metrics: RouterMetrics
     engine_api_key: str | None = None
     fabric: FabricWatch | None = None  # told which engines read whose blocks
+    calibration: Calibration | None = None  # told what each prefill leg cost
 
 
 @dataclass
@@ -132,7 +134,7 @@ async def lookup(deps: Deps, turn: Turn) -> reuse.Decision:
         else:
             if entry is not None:
                 observe_store_bytes(deps)
-        decision = reuse.decide(turn, entry, deps.engines.decode)
+        decision = reuse.decide(turn, entry, deps.engines.decode, deps.config.reuse.min_tokens)
     if not decision.hit:
         deps.metrics.miss(decision.reason or "no_entry")
     log.debug(
@@ -195,6 +197,10 @@ async def prefill(deps: Deps, ctx: Context, decode_attempt: int) -> dict[str, An
         if resent:
             metrics.resends.labels(PREFILL).inc()
         metrics.leg_duration.labels(PREFILL).observe(ctx.prefill_seconds)
+        if deps.calibration is not None:
+            deps.calibration.observe(
+                reply.get("usage"), ctx.decision.tokens if current.replay else 0, ctx.prefill_seconds
+            )
         if current.replay:
             ctx.replayed = True
             if deps.fabric is not None and ctx.decision.sticky_decode:

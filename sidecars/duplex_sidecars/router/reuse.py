@@ -21,6 +21,7 @@ from duplex_sidecars.router.turn import Turn
 NO_PARAMS = "no_params"  # decode sent no kv_transfer_params (not started with bidirectional_kv_xfer?)
 STREAM_NO_PARAMS = "stream_no_params"  # ... in a streamed answer (vLLM before 0.33 streams none)
 REASONING = "reasoning"  # the reply carried reasoning, which the next prompt drops
+BELOW_THRESHOLD = "below_threshold"  # fewer reusable tokens than reuse.min_tokens: recomputing them is cheaper
 
 
 class _StoreFailed:
@@ -60,8 +61,11 @@ def needs_lookup(turn: Turn) -> Decision | None:
     return None
 
 
-def decide(turn: Turn, entry: Entry | _StoreFailed | None, decode_endpoints: Container[str]) -> Decision:
-    """Replay or miss for a turn whose entry was taken from the store (single use: it is gone from the store now)."""
+def decide(
+    turn: Turn, entry: Entry | _StoreFailed | None, decode_endpoints: Container[str], min_tokens: int = 0
+) -> Decision:
+    """Replay or miss for a turn whose entry was taken from the store (single use: it is gone from the store now).
+    Fewer than `min_tokens` reusable tokens are cheaper to recompute (router config reuse.min_tokens)."""
     early = needs_lookup(turn)
     if early is not None:
         return early
@@ -89,7 +93,10 @@ def decide(turn: Turn, entry: Entry | _StoreFailed | None, decode_endpoints: Con
     assert stored is not None
     params = protocol.replay_params(stored)
     tokens = params.get("remote_num_tokens")
-    return Decision(params, None, sticky, tokens if isinstance(tokens, int) else 0, prefill)
+    tokens = tokens if isinstance(tokens, int) else 0
+    if tokens < min_tokens:
+        return _miss(BELOW_THRESHOLD, sticky, prefill)
+    return Decision(params, None, sticky, tokens, prefill)
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,14 @@ def test_the_exact_continuation_replays_decodes_blocks():
     assert decision.tokens == 40
 
 
+@pytest.mark.parametrize("min_tokens, hit", [(0, True), (40, True), (41, False)])
+def test_fewer_reusable_tokens_than_the_threshold_are_recomputed(min_tokens, hit):
+    decision = reuse.decide(turn(FOLLOW_UP), stored_entry(), {D1}, min_tokens)  # the entry holds 40 tokens
+    assert decision.hit is hit
+    if not hit:
+        assert decision.reason == "below_threshold" and decision.sticky_decode == D1
+
+
 @pytest.mark.parametrize(
     "the_turn, params, answer, outcome, reason",
     [
