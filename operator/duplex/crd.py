@@ -95,6 +95,10 @@ class _Converter:
     def _nullable(self, node: dict[str, Any]) -> dict[str, Any]:
         """`X | None` is X: the API server prunes nulls, so no field needs to be nullable."""
         options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        if [o.get("type") for o in options] == ["integer", "string"]:
+            # int | str: the API server's int-or-string; which values it takes is a CEL rule of the model's
+            rest = {k: v for k, v in node.items() if k in ("description", "default")}
+            return {"x-kubernetes-int-or-string": True, **rest}
         if len(options) != 1:
             raise ValueError(f"cannot express union in a structural schema: {node}")
         rest = {k: v for k, v in node.items() if k not in ("anyOf", "default")}

@@ -15,6 +15,8 @@ END = "<!-- END FIELD REFERENCE -->"
 
 
 def _type(node: dict[str, Any]) -> str:
+    if node.get("x-kubernetes-int-or-string"):
+        return "integer \\| string"
     if "enum" in node:
         return " \\| ".join(f"`{v}`" for v in node["enum"])
     t: str = node.get("type", "object")

@@ -94,12 +94,19 @@ def parse(doc: dict[str, Any], default_namespace: str = "default") -> Serving:
     )
 
 
-def desired_children(serving: Serving, key_uid: str | None = None) -> list[dict[str, Any]]:
+def desired_children(
+    serving: Serving, key_uid: str | None = None, auto_threshold: int | None = None
+) -> list[dict[str, Any]]:
     """Every object the operator applies for this serving, in apply order (RBAC and config before workloads).
     Not the engine key Secret: the operator creates that once, with a random key (key_secret); `key_uid`, the uid of
-    the Secret as it exists, is stamped on the workloads' pod templates (a `duplex render` preview has none)."""
+    the Secret as it exists, is stamped on the workloads' pod templates (a `duplex render` preview has none).
+    `auto_threshold`: with recomputeThreshold: Auto, the router's threshold as measured (a preview has the initial)."""
     spec, name, ns = serving.spec, serving.name, serving.namespace
-    objs: list[dict[str, Any]] = [*router_rbac(name, ns), router_configmap(spec, name, ns), fabric_configmap(name, ns)]
+    objs: list[dict[str, Any]] = [
+        *router_rbac(name, ns),
+        router_configmap(spec, name, ns, auto_threshold),
+        fabric_configmap(name, ns),
+    ]
     for role in ROLES:
         objs.append(engine_service(spec, name, ns, role))
     objs.append(router_service(spec, name, ns))

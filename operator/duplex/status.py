@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from duplex.api.status import Condition, DisaggregatedServingStatus, RoleStatus
+from duplex.api.status import Condition, DisaggregatedServingStatus, RecomputeCalibration, RoleStatus
 from duplex.children.engine import engine_config_hash
 from duplex.children.kv_config import effective
 from duplex.children.labels import ROLE_LABEL, SERVING_LABEL, child_name
@@ -31,17 +31,17 @@ def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _time(stamp: str) -> datetime.datetime:
+def parse_time(stamp: str) -> datetime.datetime:
     return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
 
 
-def _fresh_reports(reports: Mapping[str, str], at: str) -> list[tuple[str, dict[str, Any]]]:
+def fresh_reports(reports: Mapping[str, str], at: str) -> list[tuple[str, dict[str, Any]]]:
     """The routers' reports (router pod -> JSON) written in the last REPORT_MAX_AGE_SECONDS, parsed."""
     fresh = []
     for pod, raw in sorted(reports.items()):
         try:
             report = json.loads(raw)
-            if (_time(at) - _time(report["at"])).total_seconds() <= REPORT_MAX_AGE_SECONDS:
+            if (parse_time(at) - parse_time(report["at"])).total_seconds() <= REPORT_MAX_AGE_SECONDS:
                 fresh.append((pod, report))
         except (ValueError, KeyError, TypeError):
             continue  # not a report: whatever else sits in the ConfigMap is not ours to judge
@@ -52,7 +52,7 @@ def kv_transfer(reports: Mapping[str, str], at: str) -> tuple[ConditionStatus, s
     """KVTransferHealthy from the routers' fabric reports (router pod -> JSON, router/fabric_report.py): False if
     any fresh report is unhealthy, True if fresh reports have measured reads and all are healthy, else Unknown."""
     fresh: list[tuple[str, dict[str, Any]]] = []
-    for pod, report in _fresh_reports(reports, at):
+    for pod, report in fresh_reports(reports, at):
         healthy, measured, message = report.get("healthy"), report.get("measured", True), report.get("message")
         if isinstance(healthy, bool):
             fresh.append((pod, {"healthy": healthy, "measured": measured is True, "message": str(message)}))
@@ -88,7 +88,7 @@ def disaggregation_verified(
     if not enabled:
         return "Unknown", "NotChecked", "router.canary.enabled is false"
     current = []
-    for pod, report in _fresh_reports(reports, at):
+    for pod, report in fresh_reports(reports, at):
         canary = report.get("canary")
         if not isinstance(canary, dict) or not isinstance(canary.get("ok"), bool):
             continue
@@ -197,10 +197,13 @@ def compute(
     at: str | None = None,
     pods: Iterable[Mapping[str, Any]] = (),
     fabric_reports: Mapping[str, str] | None = None,
+    auto_threshold: int | None = None,
+    calibration: RecomputeCalibration | None = None,
 ) -> DisaggregatedServingStatus:
     """The parent's status; `deployments` maps prefill/decode/router to the observed Deployment (or None), `pods`
     are the observed engine pods (their preflight reports make FabricReady), `fabric_reports` the data of the fabric
-    ConfigMap the routers write (KVTransferHealthy, and DisaggregationVerified with the pods' IPs)."""
+    ConfigMap the routers write (KVTransferHealthy, and DisaggregationVerified with the pods' IPs); with
+    recomputeThreshold: Auto, `auto_threshold` and `calibration` are what duplex.auto_threshold decided."""
     pods = list(pods)
     spec, gen = serving.spec, serving.generation
     at = at or now()
@@ -243,7 +246,7 @@ def compute(
         decode=roles["decode"],
         router=roles["router"],
         router_endpoint=router_endpoint(spec, serving.name, serving.namespace),
-        effective_kv=effective(spec),
+        effective_kv=effective(spec, auto_threshold, calibration),
         engine_config_hash=engine_config_hash(spec, serving.name, serving.namespace),
         conditions=conditions,
     )
@@ -290,8 +293,20 @@ def ready_message(status: DisaggregatedServingStatus) -> str:
 
 
 def patch_body(status: DisaggregatedServingStatus) -> dict[str, Any]:
-    """The status as written (a merge patch: fields left out are kept, none is ever written as null)."""
-    return status.model_dump(by_alias=True, exclude_none=True, mode="json")
+    """The status as written: a merge patch, so fields left out are kept and none is written as null, except in
+    effectiveKV.recomputeCalibration, where a null removes what no longer applies (all of it without Auto)."""
+    body = status.model_dump(by_alias=True, exclude_none=True, mode="json")
+    kv = body.get("effectiveKV")
+    if kv is not None and status.effective_kv is not None:
+        calibration = status.effective_kv.recompute_calibration
+        kv["recomputeCalibration"] = calibration.model_dump(by_alias=True, mode="json") if calibration else None
+    return body
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    return value
 
 
 def parse_previous(status: Mapping[str, Any] | None) -> DisaggregatedServingStatus | None:
@@ -310,4 +325,5 @@ def deployment_names(serving: Serving) -> dict[str, str]:
 
 def differs(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
     """Whether writing `new` (a patch body) changes anything (timestamps of unchanged conditions are carried over)."""
-    return any((old or {}).get(k) != v for k, v in new.items())
+    old = _without_nulls(old or {})  # a null in `new` is what it removes
+    return any(old.get(k) != _without_nulls(v) for k, v in new.items())

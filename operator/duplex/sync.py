@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from duplex import auto_threshold
 from duplex import status as status_of
 from duplex.api.status import DisaggregatedServingStatus
 from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, POD, SECRET, apply_rank, kind_of
@@ -68,9 +69,13 @@ def sync(
 
     # 2. Desired children, owned by the parent and stamped with a hash of what they should hold; the workloads also
     # with the uid of the key Secret their pods read (a new Secret, a new key: they roll together).
+    # With recomputeThreshold: Auto, the router's threshold is what the routers measured (duplex.auto_threshold).
     secret = with_owner(key_secret(serving), dict(parent))
     key_uid = _live_uid(secret, observed)
-    desired = [with_owner(child, dict(parent)) for child in desired_children(serving, key_uid)]
+    fabric = _fabric_reports(serving, observed)
+    auto = auto_threshold.decide(serving.spec, last.effective_kv if last else None, fabric, at)
+    threshold = auto.value if auto else None
+    desired = [with_owner(child, dict(parent)) for child in desired_children(serving, key_uid, threshold)]
 
     # 3. What must change: children missing or drifted get applied, children of ours no longer desired are deleted;
     # the key Secret is created when missing and otherwise left as it is (changing it would rotate the key). Until
@@ -82,8 +87,9 @@ def sync(
 
     # 4. Status from the observed Deployments; the next pass sees what this one's writes did.
     pods = [o for o in observed if o.get("kind") == POD.kind]
-    fabric = _fabric_reports(serving, observed)
-    new = status_of.compute(serving, _deployments(serving, observed), last, at, pods, fabric)
+    new = status_of.compute(
+        serving, _deployments(serving, observed), last, at, pods, fabric, threshold, auto.calibration if auto else None
+    )
     write = status_of.differs(previous, status_of.patch_body(new))
 
     # 5. Events: what changed, new config warnings, and whether Ready flipped.

@@ -11,7 +11,8 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -324,6 +325,8 @@ def test_invalid_specs_are_rejected_by_the_api_server(op, kubectl, namespace):
         ({"decode__extraArgs": ["--tensor_parallel_size=4"]}, "use spec.decode.tensorParallelSize instead"),
         ({"kvTransfer__sideChannelPort": 8000}, "kvTransfer.sideChannelPort must differ from 8000"),
         ({"kvTransfer__loadFailurePolicy": "explode"}, 'Unsupported value: "explode"'),
+        ({"kvTransfer__recomputeThreshold": "auto"}, "must be Auto or a number of tokens from 0 to 1048576"),
+        ({"kvTransfer__recomputeThreshold": -1}, "must be Auto or a number of tokens from 0 to 1048576"),
         ({"prefill__memory": None}, "network.efa.enabled needs prefill.memory and decode.memory"),
         ({"decode__accelerator": {"type": "aws.amazon.com/neuron"}}, "decode.accelerator.type must be the same"),
         ({"prefill__extraArgs": ["--kv-cache-dtype=fp8"]}, "must be the same on prefill and decode"),
@@ -621,6 +624,41 @@ def test_operator_identity_is_least_privilege(op, cluster, kubectl):
             as_operator("auth", "can-i", verb, resource_, "-A")
 
 
+def generations(kubectl: Any, namespace: str) -> dict[str, int]:
+    items = kubectl.json("-n", namespace, "get", "deployments", "-l", "duplex.dev/serving=qwen3-32b")["items"]
+    return {d["metadata"]["name"]: d["metadata"]["generation"] for d in items}
+
+
+def router_config_of(kubectl: Any, namespace: str) -> dict[str, Any]:
+    cm = kubectl.json("-n", namespace, "get", "configmap", "qwen3-32b-router")
+    return json.loads(cm["data"]["router.json"])
+
+
+def router_reporter(kubectl: Any, namespace: str, tmp_path: Path) -> Callable[[dict[str, Any]], None]:
+    """Publishes a verdict as the router pod qwen3-32b-router-abc12 does (router/fabric_report.py): under the
+    identity the operator rendered for the router (its ServiceAccount's token, its Role)."""
+    kubeconfig = kubectl.service_account_kubeconfig(namespace, "qwen3-32b-router", tmp_path / "router.kubeconfig")
+    rendered = router_config_of(kubectl, namespace)["fabric"]["report"]
+    report = FabricReportConfig.model_validate({**rendered, "kubeconfig": str(kubeconfig)})
+
+    async def publish_once(verdict: dict[str, Any]) -> bool:
+        reporter = FabricReporter(report, lambda: verdict, check_every=3600)
+        await reporter.start()
+        try:
+            return await reporter.publish()
+        finally:
+            await reporter.stop()
+
+    def publish(verdict: dict[str, Any]) -> None:
+        os.environ[report.pod_name_env] = "qwen3-32b-router-abc12"
+        try:
+            assert asyncio.run(publish_once(verdict))
+        finally:
+            del os.environ[report.pod_name_env]
+
+    return publish
+
+
 def test_a_router_fabric_report_becomes_kv_transfer_healthy(op, kubectl, namespace, wait_for, tmp_path):
     """A report written as the router writes it, under the identity the operator rendered for the router (its
     ServiceAccount's token, its Role), turns into the KVTransferHealthy condition, and its canary result into
@@ -629,27 +667,10 @@ def test_a_router_fabric_report_becomes_kv_transfer_healthy(op, kubectl, namespa
     wait_for(lambda: is_ready(kubectl, namespace), timeout=120, what="Ready=True")
     assert condition(get_dsv(kubectl, namespace), "KVTransferHealthy")["reason"] == "NoReports"
 
-    kubeconfig = kubectl.service_account_kubeconfig(namespace, "qwen3-32b-router", tmp_path / "router.kubeconfig")
-    router_json = json.loads(
-        kubectl.json("-n", namespace, "get", "configmap", "qwen3-32b-router")["data"]["router.json"]
-    )
-    report = FabricReportConfig.model_validate({**router_json["fabric"]["report"], "kubeconfig": str(kubeconfig)})
+    publish = router_reporter(kubectl, namespace, tmp_path)
     slow = "KV transfers at 0.08 GB/s on prefill http://10.1.2.3:8000, below the 1 GB/s expected of LIBFABRIC"
     verdict = {"healthy": False, "measured": True, "message": slow, "backend": "LIBFABRIC"}
-
-    async def publish() -> bool:
-        reporter = FabricReporter(report, lambda: verdict, check_every=3600)
-        await reporter.start()
-        try:
-            return await reporter.publish()
-        finally:
-            await reporter.stop()
-
-    os.environ[report.pod_name_env] = "qwen3-32b-router-abc12"
-    try:
-        assert asyncio.run(publish())
-    finally:
-        del os.environ[report.pod_name_env]
+    publish(verdict)
 
     def degraded() -> bool:
         c = condition(get_dsv(kubectl, namespace), "KVTransferHealthy")
@@ -667,11 +688,7 @@ def test_a_router_fabric_report_becomes_kv_transfer_healthy(op, kubectl, namespa
     assert {"prefill", "decode"} <= set(ip), pods
     verdict["canary"] = {"ok": False, "step": "d_to_p", "message": "d_to_p: prefill recomputed", "run": 1,
                          "prefill": f"http://{ip['prefill']}:8000", "decode": f"http://{ip['decode']}:8000"}  # fmt: skip
-    os.environ[report.pod_name_env] = "qwen3-32b-router-abc12"
-    try:
-        assert asyncio.run(publish())
-    finally:
-        del os.environ[report.pod_name_env]
+    publish(verdict)
 
     def unverified() -> bool:
         c = condition(get_dsv(kubectl, namespace), "DisaggregationVerified")
@@ -690,6 +707,30 @@ def test_a_router_fabric_report_becomes_kv_transfer_healthy(op, kubectl, namespa
 
     wait_for(lambda: fabric()["metadata"]["labels"].get("app.kubernetes.io/managed-by") == "duplex", timeout=60)
     assert json.loads(fabric()["data"]["qwen3-32b-router-abc12"])["message"] == slow
+
+
+def test_recompute_threshold_auto_follows_the_routers_measurement(op, kubectl, namespace, wait_for, tmp_path):
+    """recomputeThreshold: Auto on the real API server: the initial value until a router reports a fit, then its
+    break-even in status and in the router's config, and no engine rolls for it."""
+    kubectl.apply(seed(namespace, kvTransfer__recomputeThreshold="Auto"))
+    wait_for(lambda: is_ready(kubectl, namespace), timeout=120, what="Ready=True")
+    kv = get_dsv(kubectl, namespace)["status"]["effectiveKV"]
+    assert (kv["recomputeThreshold"], kv["engineRecomputeThreshold"]) == (64, 16)
+    assert kv["recomputeCalibration"]["reason"] == "Initial"
+    assert router_config_of(kubectl, namespace)["reuse"]["min_tokens"] == 64
+    engines = generations(kubectl, namespace)
+
+    fit = {"compute_seconds_per_token": 5.5e-3, "read_seconds_per_token": 1.5e-5, "replay_overhead_seconds": 1.1,
+           "recomputes": 40, "replays": 40, "threshold": 201}  # fmt: skip
+    router_reporter(kubectl, namespace, tmp_path)(
+        {"healthy": True, "measured": True, "message": "ok", "calibration": fit}
+    )
+    wait_for(lambda: router_config_of(kubectl, namespace)["reuse"]["min_tokens"] == 201, timeout=60,
+             what="the router's threshold from its measurement")  # fmt: skip
+    kv = get_dsv(kubectl, namespace)["status"]["effectiveKV"]
+    assert kv["recomputeThreshold"] == 201 and kv["recomputeCalibration"]["reason"] == "Measured"
+    assert kv["recomputeCalibration"]["computeSecondsPerToken"] == 5.5e-3
+    assert generations(kubectl, namespace) == engines
 
 
 def secret_key(kubectl: Any, namespace: str) -> tuple[str, str]:

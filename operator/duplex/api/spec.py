@@ -267,10 +267,53 @@ class NetworkSpec(Model):
     )
 
 
+AUTO: Final = "Auto"
+MAX_THRESHOLD: Final = 1_048_576
+
+
+class RecomputeCalibrationSpec(Model):
+    """recomputeThreshold: Auto. The router fits what a computed and a read token cost from its prefill legs; the
+    operator takes the break-even, within [minTokens, maxTokens], and changes the router's threshold only when it
+    moved by more than `margin`, at most once per `minIntervalSeconds`. The engines keep minTokens."""
+
+    RULES = (
+        Rule(
+            cel="self.minTokens <= self.initial && self.initial <= self.maxTokens",
+            message="kvTransfer.recomputeCalibration needs minTokens <= initial <= maxTokens",
+            holds=lambda c: c.min_tokens <= c.initial <= c.max_tokens,
+        ),
+    )
+
+    initial: int = Field(64, ge=0, le=MAX_THRESHOLD, description="The threshold until the first measurement.")
+    min_tokens: int = Field(
+        16, ge=0, le=MAX_THRESHOLD, description="Lowest threshold; also the engines' kv_recompute_threshold."
+    )
+    max_tokens: int = Field(
+        8192, ge=0, le=MAX_THRESHOLD, description="Highest threshold; used when reading never pays (a token reads "
+        "slower than it computes).",
+    )  # fmt: skip
+    margin: float = Field(0.25, ge=0.05, le=1.0, description="Relative change below which the threshold stays.")
+    min_interval_seconds: int = Field(600, ge=60, le=86400, description="Least time between two changes.")
+    min_samples: int = Field(
+        16, ge=4, le=10000, description="Prefill legs of each kind (read, recompute) a measurement needs."
+    )
+
+
 class KVTransferSpec(Model):
     """NixlConnector settings shared by both roles (rendered into --kv-transfer-config)."""
 
     RULES = (
+        Rule(
+            cel="type(self.recomputeThreshold) == string ? self.recomputeThreshold == 'Auto' : "
+            "(self.recomputeThreshold >= 0 && self.recomputeThreshold <= 1048576)",
+            message="kvTransfer.recomputeThreshold must be Auto or a number of tokens from 0 to 1048576",
+            holds=lambda k: (
+                k.recompute_threshold == AUTO
+                if isinstance(k.recompute_threshold, str)
+                else 0 <= k.recompute_threshold <= MAX_THRESHOLD
+            ),
+            field_path=".recomputeThreshold",
+        ),
         Rule(
             cel="self.sideChannelPort != 8000",
             message="kvTransfer.sideChannelPort must differ from 8000, the engines' HTTP port",
@@ -292,11 +335,14 @@ class KVTransferSpec(Model):
     decode_blocks_ttl: int = Field(
         480, ge=60, le=86400, alias="decodeBlocksTTL", description="decoder_kv_blocks_ttl: seconds decode keeps blocks."
     )
-    recompute_threshold: int = Field(
+    recompute_threshold: int | Annotated[str, Field(max_length=8)] = Field(
         64,
-        ge=0,
-        le=1_048_576,
-        description="kv_recompute_threshold: fewer reusable tokens than this are recomputed (0: always read).",
+        description="Fewer reusable tokens than this are recomputed rather than read from decode (0: always read), "
+        "applied by the router and rendered as the engines' kv_recompute_threshold. Auto: the break-even the router "
+        "measures from its own prefill legs (kvTransfer.recomputeCalibration), applied without restarting engines.",
+    )
+    recompute_calibration: RecomputeCalibrationSpec = Field(
+        default_factory=lambda: RecomputeCalibrationSpec(), description="How recomputeThreshold: Auto is found."
     )
     lease_duration: int = Field(30, ge=6, le=3600, description="kv_lease_duration: seconds of prefill's block lease.")
     load_failure_policy: Literal["recompute", "fail"] = Field(

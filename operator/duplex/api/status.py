@@ -45,10 +45,26 @@ class RoleStatus(_Status):
     summary: str = Field("0/0", description="ready/desired, for printer columns.")
 
 
+class RecomputeCalibration(_Status):
+    """recomputeThreshold: Auto: the threshold the router applies, and the measurements it came from."""
+
+    reason: str = Field(description="Initial, Measured, WithinMargin, Waiting (minIntervalSeconds) or NotMeasured.")
+    message: str = ""
+    measured_threshold: int | None = Field(None, description="The routers' break-even, within the spec's bounds.")
+    compute_seconds_per_token: float | None = None
+    read_seconds_per_token: float | None = None
+    replay_overhead_seconds: float | None = None
+    samples: int | None = Field(None, description="Prefill legs behind the measurement, over every router.")
+    routers: int = Field(0, description="Routers whose fresh reports carried a measurement.")
+    changed_at: str | None = Field(None, description="When the threshold last changed (RFC 3339).")
+
+
 class EffectiveKV(_Status):
     backend: str | None = None
     bidirectional: bool | None = None
-    recompute_threshold: int | None = None
+    recompute_threshold: int | None = Field(None, description="The threshold the router applies.")
+    engine_recompute_threshold: int | None = Field(None, description="The engines' kv_recompute_threshold.")
+    recompute_calibration: RecomputeCalibration | None = Field(None, description="With recomputeThreshold: Auto.")
     decode_blocks_ttl: int | None = Field(None, alias="decodeBlocksTTL")
     router_conversation_ttl: int | None = Field(None, alias="routerConversationTTL")
     lease_duration: int | None = None

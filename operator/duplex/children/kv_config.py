@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from duplex.api.spec import NEURON, DisaggregatedServingSpec
-from duplex.api.status import EffectiveKV
+from duplex.api.spec import AUTO, NEURON, DisaggregatedServingSpec
+from duplex.api.status import EffectiveKV, RecomputeCalibration
 
 ROUTER_TTL_MARGIN = 30  # seconds the router's replay window stays below decode's block TTL by default
 
@@ -22,6 +22,27 @@ def buffer_device(spec: DisaggregatedServingSpec, role: str) -> str:
         return spec.kv_transfer.buffer_device
     accelerator = getattr(spec, role).accelerator.type
     return "cpu" if accelerator == NEURON else "cuda"
+
+
+def is_auto(spec: DisaggregatedServingSpec) -> bool:
+    return spec.kv_transfer.recompute_threshold == AUTO
+
+
+def engine_threshold(spec: DisaggregatedServingSpec) -> int:
+    """The engines' kv_recompute_threshold: the spec's, or with Auto the calibration's floor (the router applies the
+    calibrated value above it, so that a new value never restarts an engine)."""
+    kv = spec.kv_transfer
+    return kv.recompute_calibration.min_tokens if isinstance(kv.recompute_threshold, str) else kv.recompute_threshold
+
+
+def router_threshold(spec: DisaggregatedServingSpec, auto: int | None = None) -> int:
+    """The threshold the router applies: the spec's, or with Auto the value decided (duplex.auto_threshold), the
+    initial one until then."""
+    kv = spec.kv_transfer
+    if not isinstance(kv.recompute_threshold, str):
+        return kv.recompute_threshold
+    cal = kv.recompute_calibration
+    return min(max(cal.initial if auto is None else auto, cal.min_tokens), cal.max_tokens)
 
 
 def router_ttl(spec: DisaggregatedServingSpec) -> int:
@@ -41,7 +62,7 @@ def kv_transfer_config(spec: DisaggregatedServingSpec, role: str) -> dict[str, A
         "kv_connector_extra_config": {
             "backends": [backend(spec)],
             "bidirectional_kv_xfer": kv.bidirectional,
-            "kv_recompute_threshold": kv.recompute_threshold,
+            "kv_recompute_threshold": engine_threshold(spec),
             "decoder_kv_blocks_ttl": kv.decode_blocks_ttl,
             "kv_lease_duration": kv.lease_duration,
         },
@@ -52,13 +73,17 @@ def kv_transfer_json(spec: DisaggregatedServingSpec, role: str) -> str:
     return json.dumps(kv_transfer_config(spec, role), separators=(",", ":"), sort_keys=True)
 
 
-def effective(spec: DisaggregatedServingSpec) -> EffectiveKV:
-    """status.effectiveKV: what the engines and the router actually run with."""
+def effective(
+    spec: DisaggregatedServingSpec, auto: int | None = None, calibration: RecomputeCalibration | None = None
+) -> EffectiveKV:
+    """status.effectiveKV: what the engines and the router actually run with; with Auto, the value decided and why."""
     kv = spec.kv_transfer
     return EffectiveKV(
         backend=backend(spec),
         bidirectional=kv.bidirectional,
-        recompute_threshold=kv.recompute_threshold,
+        recompute_threshold=router_threshold(spec, auto),
+        engine_recompute_threshold=engine_threshold(spec),
+        recompute_calibration=calibration if is_auto(spec) else None,
         decode_blocks_ttl=kv.decode_blocks_ttl,
         router_conversation_ttl=router_ttl(spec),
         lease_duration=kv.lease_duration,

@@ -10,7 +10,7 @@ from duplex.api.spec import DisaggregatedServingSpec
 from duplex.children import engine_key
 from duplex.children.engine import served_model_name
 from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, ROLE, ROLE_BINDING, SERVICE_ACCOUNT
-from duplex.children.kv_config import backend, kv_transfer_config, router_ttl
+from duplex.children.kv_config import backend, engine_threshold, kv_transfer_config, router_threshold, router_ttl
 from duplex.children.labels import HTTP_PORT, child_name, labels, selector
 from duplex_sidecars.router.config import (
     CanaryConfig,
@@ -19,6 +19,7 @@ from duplex_sidecars.router.config import (
     EndpointSliceDiscovery,
     FabricConfig,
     FabricReportConfig,
+    ReuseConfig,
     RouterConfig,
     StoreConfig,
     TimeoutsConfig,
@@ -51,7 +52,9 @@ def fabric_configmap(serving: str, namespace: str) -> dict[str, Any]:
     )
 
 
-def router_config(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> RouterConfig:
+def router_config(
+    spec: DisaggregatedServingSpec, serving: str, namespace: str, auto_threshold: int | None = None
+) -> RouterConfig:
     conv = spec.router.conversation
     limits = spec.router.limits
     store = spec.router.store
@@ -98,6 +101,10 @@ def router_config(spec: DisaggregatedServingSpec, serving: str, namespace: str) 
             ),
         ),
         canary=CanaryConfig(enabled=spec.router.canary.enabled, prompt_words=canary_words(spec)),
+        reuse=ReuseConfig(
+            min_tokens=router_threshold(spec, auto_threshold),
+            calibration_min_samples=spec.kv_transfer.recompute_calibration.min_samples,
+        ),
         engine_api_key_env=engine_key.ROUTER_ENV,
     )
 
@@ -107,14 +114,16 @@ def canary_words(spec: DisaggregatedServingSpec) -> int:
     enough for the model's context (two turns of a few tokens each come on top)."""
     if spec.router.canary.prompt_words is not None:
         return spec.router.canary.prompt_words
-    words = min(8192, max(200, 2 * spec.kv_transfer.recompute_threshold))
+    words = min(8192, max(200, 2 * engine_threshold(spec)))  # the router's own threshold does not apply to it
     if spec.model.max_model_len:
         words = min(words, spec.model.max_model_len // 3)
     return max(16, words)
 
 
-def router_configmap(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> dict[str, Any]:
-    config = router_config(spec, serving, namespace).model_dump(mode="json")
+def router_configmap(
+    spec: DisaggregatedServingSpec, serving: str, namespace: str, auto_threshold: int | None = None
+) -> dict[str, Any]:
+    config = router_config(spec, serving, namespace, auto_threshold).model_dump(mode="json")
     data = {
         CONFIG_KEY: json.dumps(config, indent=2, sort_keys=True) + "\n",
         # For humans and diff tools: the connector config each role's engines run with.

@@ -127,6 +127,8 @@ def test_effective_kv() -> None:
         "backend": "LIBFABRIC",
         "bidirectional": False,
         "recomputeThreshold": 128,
+        "engineRecomputeThreshold": 128,
+        "recomputeCalibration": None,  # recomputeThreshold: Auto only
         "decodeBlocksTTL": 600,
         "routerConversationTTL": 570,
         "leaseDuration": 20,
@@ -140,7 +142,9 @@ def test_effective_kv_keys_are_the_status_model_aliases() -> None:
     kv = effective(spec())
     dumped = kv.model_dump(by_alias=True)
     assert set(dumped) == {f.alias or name for name, f in EffectiveKV.model_fields.items()}
-    assert None not in dumped.values()  # every field is set: a merge patch never drops one
+    # every field is set, so a merge patch never leaves one behind; recomputeCalibration goes with Auto, and
+    # status.patch_body writes its null
+    assert [k for k, v in dumped.items() if v is None] == ["recomputeCalibration"]
     assert EffectiveKV.model_validate(dumped) == kv
 
 

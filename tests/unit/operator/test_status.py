@@ -196,7 +196,8 @@ def test_status_fits_the_status_model_and_schema() -> None:
     s = type(SERVING)(name="qwen", namespace="inference", spec=SERVING.spec, generation=3)
     st = compute(all_ready(), s=s)
     parsed = DisaggregatedServingStatus.model_validate(st)
-    assert parsed.model_dump(by_alias=True, exclude_none=True) == st
+    assert status.patch_body(parsed) == st
+    assert st["effectiveKV"]["recomputeCalibration"] is None  # the merge patch's null: no calibration without Auto
 
 
 # --- transition times -------------------------------------------------------------------------------------------
