@@ -1,13 +1,18 @@
 """The router's calibration (router/calibration.py) against simulator engines with a known cost model: from its own
-prefill legs it recovers what a computed token costs, and publishes the fit and its break-even on /ready."""
+prefill legs it recovers what a computed token costs, and publishes the fit and its break-even on /ready, where
+`duplex calibrate --router` reads it."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import io
 import json
 import uuid
 
 import aiohttp
 
+from duplex import calibrate_cli
 from duplex_dev.chat import ChatClient, Conversation
 from duplex_dev.launch.sim import async_sim_pair
 from duplex_sidecars.router.app import Router, RouterServer
@@ -33,9 +38,14 @@ async def test_the_fit_recovers_the_simulated_cost_of_a_token():
                     await client.turn(conv, "and then?")
                 async with http.get(server.url + "/ready") as resp:
                     fit = json.loads(await resp.read())["calibration"]
+            # `duplex calibrate --router` reads the same fit (a blocking client: off the loop that serves it)
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                code = await asyncio.to_thread(calibrate_cli.main, ["--router", server.url, "--json"])
+            assert code == 0 and json.loads(printed.getvalue()) == fit
         finally:
             await server.close()
-    assert fit is not None and fit["recomputes"] == fit["replays"] == 12
+    assert fit is not None and min(fit["recomputes"], fit["replays"]) >= 10  # a leg or two may be judged an outlier
     assert abs(fit["compute_seconds_per_token"] * 1e6 / US_PER_TOKEN - 1) < 0.3, fit
     # The simulated read costs next to nothing: reading pays from a few tokens on.
     assert fit["threshold"] is not None and 0 <= fit["threshold"] < 64, fit

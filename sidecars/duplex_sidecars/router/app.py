@@ -110,9 +110,8 @@ class Router:
         return Calibration(r.calibration_window, r.calibration_min_samples) if r.calibrate else None
 
     def calibrated(self) -> dict[str, Any] | None:
-        """The latest fit of what a computed and a read token cost (router/calibration.py), or None."""
-        fit = self.calibration.fit() if self.calibration is not None else None
-        return fit.report() if fit is not None else None
+        """What a computed and a read token cost, as fitted so far (router/calibration.py), or None."""
+        return self.calibration.report() if self.calibration is not None else None
 
     def apply_limits(self) -> None:
         """The client limits of the config, applied to the HTTP server (on start and on every reload)."""

@@ -373,10 +373,10 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
                     "backend": st.sampled_from(["UCX", "LIBFABRIC"]),
                     "bufferDevice": st.sampled_from(["cuda", "cpu"]),
                     "bidirectional": st.booleans(),
-                    "recomputeThreshold": st.integers(0, 1_048_576),
+                    "recomputeThreshold": st.one_of(st.integers(0, 1_048_576), st.just("Auto")),
                     "leaseDuration": st.integers(6, 3600),
                     "loadFailurePolicy": st.sampled_from(["recompute", "fail"]),
-                    "sideChannelPort": st.integers(1024, 65535),
+                    "sideChannelPort": st.integers(1024, 65535).filter(lambda port: port != 8000),  # the HTTP port
                 },
             )
         ),

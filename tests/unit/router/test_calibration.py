@@ -40,6 +40,7 @@ def test_the_fit_recovers_the_cost_model_and_its_break_even():
     assert fit.replay_overhead_seconds == pytest.approx(OVERHEAD, rel=0.3)
     assert fit.threshold == pytest.approx(OVERHEAD / (COMPUTE - READ), rel=0.3)  # ~104 tokens
     assert fit.report()["threshold"] == fit.threshold
+    assert 0 < fit.noise < 0.05  # the legs were drawn within 5% of the model
 
 
 def test_no_fit_until_both_kinds_of_leg_are_seen_enough():
@@ -106,3 +107,25 @@ def test_a_replay_computes_what_was_neither_cached_nor_read():
     cal.observe(usage(1000), 900, 1.0)  # no details: what was read counts as cached
     cal.observe(usage(1000), 0, 0.0)  # a leg with no duration is not a sample
     assert list(cal._samples) == [(100.0, 900.0, 1.0, 1.0), (100.0, 900.0, 1.0, 1.0)]
+
+
+def test_a_few_legs_far_off_the_rest_do_not_move_the_fit():
+    cal = Calibration(min_samples=16)
+    rng = random.Random(11)
+    cal.observe(usage(200), 0, 48.0)  # a new pair's first handshake
+    cal.observe(usage(200, cached=190), 190, 43.0)
+    feed(cal, 40, rng, noise=0.05)
+    fit = cal.fit()
+    assert fit is not None and fit.replays == fit.recomputes == 40  # the two are left out
+    assert fit.compute_seconds_per_token == pytest.approx(COMPUTE, rel=0.05)
+    assert fit.replay_overhead_seconds == pytest.approx(OVERHEAD, rel=0.3)
+
+
+def test_the_report_has_the_legs_before_and_with_a_fit():
+    cal = Calibration(min_samples=16)
+    assert cal.report() is None
+    cal.observe(usage(100), 0, 0.6)
+    assert cal.report() == {"legs": {"recomputes": 1, "replays": 0}}
+    feed(cal, 20, random.Random(5))
+    report = cal.report()
+    assert report is not None and report["legs"] == {"recomputes": 21, "replays": 20} and report["threshold"] > 0
