@@ -17,9 +17,13 @@ setup: $(STAMP)
 run: $(STAMP)
 	bash hack/demo.sh $(if $(ENGINES),--engines $(ENGINES))
 
-## Every tier: static checks, unit, real control plane, real NIXL, real Redis, vLLM's own parser, the built image.
+## Every tier: static checks, unit, real control plane, real NIXL, real Redis, vLLM's own parser, the built image,
+## then the real vLLM engines in a pytest of their own, so that no other tier's processes (the local control plane
+## is session-scoped) share the 2 cores with them. Both always run; either failing fails the target.
 test: $(STAMP) lint image
-	$(VENV)/bin/pytest -q -rfE
+	$(VENV)/bin/pytest -q -rfE --ignore=tests/realvllm; rest=$$?; \
+	$(VENV)/bin/pytest -q -rfE tests/realvllm; real=$$?; \
+	test $$rest -eq 0 -a $$real -eq 0
 
 ## Static checks: ruff (lint and format), mypy (strict on the operator and the router's decision modules; see pyproject.toml).
 lint: $(STAMP)
