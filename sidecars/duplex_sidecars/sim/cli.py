@@ -14,7 +14,7 @@ from aiohttp import web
 
 from duplex_sidecars.event_loop import run_loop
 from duplex_sidecars.sim.config import SimConfig
-from duplex_sidecars.sim.cost import CostModel
+from duplex_sidecars.sim.cost import CostModel, load_profile
 
 log = logging.getLogger("duplex.sim")
 
@@ -105,19 +105,27 @@ def parser() -> argparse.ArgumentParser:
         help="test mode: a block that fails verification makes the request fail with HTTP 500",
     )
     cost = p.add_argument_group("cost model (all 0 = no simulated compute time)")
-    cost.add_argument("--prefill-us-per-token", type=float, default=0.0, help="prefill time per computed token")
     cost.add_argument(
-        "--prefill-attention-us-per-token2",
-        type=float,
-        default=0.0,
-        help="attention term: per (new token x context token) pair",
+        "--cost-profile",
+        metavar="FILE",
+        help="JSON file whose `cost` object sets the fields below (bench/results/sim-cost.json is fitted to real "
+        "vLLM CPU engines); a flag given as well overrides its field",
     )
-    cost.add_argument("--decode-us-per-token", type=float, default=0.0, help="time per generated token")
+    cost.add_argument("--prefill-us-per-token", type=float, help="prefill time per computed token")
+    cost.add_argument(
+        "--prefill-attention-us-per-token2", type=float, help="attention term: per (new token x context token) pair"
+    )
+    cost.add_argument("--decode-us-per-token", type=float, help="time per generated token")
     cost.add_argument(
         "--transfer-gbps",
         type=float,
-        default=0.0,
         help="simulated KV transfer bandwidth in Gbit/s (0 = only the real NIXL copy time)",
+    )
+    cost.add_argument(
+        "--read-back-latency-ms", type=float, help="fixed time of prefill reading decode's blocks, beside the transfer"
+    )
+    cost.add_argument(
+        "--time-scale", type=float, default=1.0, help="multiply every simulated duration by this (0.1: 10x faster)"
     )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
@@ -150,13 +158,30 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         kv_load_failure_policy=args.kv_load_failure_policy,
         nixl_backend=args.nixl_backend,
         fail_on_corrupt=args.fail_on_corrupt,
-        cost=CostModel(
-            prefill_us_per_token=args.prefill_us_per_token,
-            prefill_attention_us_per_token2=args.prefill_attention_us_per_token2,
-            decode_us_per_token=args.decode_us_per_token,
-            transfer_gbps=args.transfer_gbps,
-        ),
+        cost=cost_from_args(args),
     )
+
+
+def cost_from_args(args: argparse.Namespace) -> CostModel:
+    for flag in ("prefill_us_per_token", "prefill_attention_us_per_token2", "decode_us_per_token", "transfer_gbps",
+                 "read_back_latency_ms"):  # fmt: skip
+        if (getattr(args, flag) or 0) < 0:
+            raise SystemExit(f"duplex sim: --{flag.replace('_', '-')} must be >= 0")
+    if args.time_scale <= 0:
+        raise SystemExit("duplex sim: --time-scale must be positive")
+    try:
+        base = load_profile(args.cost_profile) if args.cost_profile else CostModel()
+    except ValueError as e:
+        raise SystemExit(f"duplex sim: {e}") from e
+    latency_us = None if args.read_back_latency_ms is None else args.read_back_latency_ms * 1000
+    cost = base.replace(
+        prefill_us_per_token=args.prefill_us_per_token,
+        prefill_attention_us_per_token2=args.prefill_attention_us_per_token2,
+        decode_us_per_token=args.decode_us_per_token,
+        transfer_gbps=args.transfer_gbps,
+        read_back_latency_us=latency_us,
+    )
+    return cost.scaled(args.time_scale)
 
 
 async def serve(cfg: SimConfig) -> None:

@@ -99,6 +99,7 @@ class Engine:
         self._metadata = encode_metadata(self.transport.metadata())
         self._tasks: list[asyncio.Task[None]] = []
         self._claimed = asyncio.Event()
+        self._compute = asyncio.Lock()
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -187,7 +188,8 @@ class Engine:
             local_hits = len(hits) * bs
             external = await self._maybe_pull(req, chain, block_ids, local_hits)
             computed = local_hits + external
-            await _sleep(self.cfg.cost.prefill_seconds(prompt_len - computed, computed))
+            async with self._compute:  # one prefill computes at a time, first come first served, as in vLLM's steps
+                await _sleep(self.cfg.cost.prefill_seconds(prompt_len - computed, computed))
             self.pool.write(block_ids, chain, computed, prompt_len)
             if self.cfg.enable_prefix_caching:
                 self.pool.cache(block_ids, block_hashes(chain, bs, req.cache_salt))
@@ -354,7 +356,7 @@ class Engine:
         finally:
             if not read:
                 await self.side.release(remote, remote_request)
-        await _sleep(self.cfg.cost.transfer_seconds(nbytes))
+        await _sleep(self.cfg.cost.read_seconds(nbytes, read_back=p_node))
         # vLLM records a transfer on the side that initiates the READ: the time it took (with the simulated
         # transfer cost) and its bytes.
         self.metrics.xfer_time.observe(time.perf_counter() - started)

@@ -29,3 +29,21 @@ def test_flags():
 def test_block_bytes_must_be_whole_slots():
     with pytest.raises(SystemExit):
         _cfg("--block-bytes", "100")
+
+
+def test_a_cost_profile_with_a_flag_over_it_and_a_time_scale(tmp_path):
+    profile = tmp_path / "cost.json"
+    profile.write_text('{"cost": {"prefill_us_per_token": 3000, "decode_us_per_token": 50000}}')
+    cfg = _cfg("--cost-profile", str(profile), "--decode-us-per-token", "1000", "--read-back-latency-ms", "100",
+               "--time-scale", "0.5")  # fmt: skip
+    assert cfg.cost.prefill_seconds(100, 0) == pytest.approx(0.15)
+    assert cfg.cost.decode_seconds() == pytest.approx(0.0005)
+    assert cfg.cost.read_seconds(0, read_back=True) == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize(
+    "argv", [("--time-scale", "0"), ("--read-back-latency-ms", "-1"), ("--cost-profile", "/nonexistent.json")]
+)
+def test_bad_cost_flags_exit_with_a_message(argv, capsys):
+    with pytest.raises(SystemExit, match="duplex sim: "):
+        _cfg(*argv)
