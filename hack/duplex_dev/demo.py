@@ -26,9 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "duplex-demo"
 SERVING = "qwen3-32b"
 OPERATOR_USER = "duplex-operator"
-# A cost model shaped like Qwen3-32B on 8 GPUs: prefill is per token plus attention growth; decode per token.
-SIM_COST = ["--prefill-us-per-token", "60", "--prefill-attention-us-per-token2", "0.004",
-            "--decode-us-per-token", "2000", "--transfer-gbps", "25"]  # fmt: skip
+# The simulated engines' costs: fitted to real vLLM CPU engines by bench/sim_cost_fit.py, run 10x faster.
+SIM_COST_PROFILE = ROOT / "bench/results/sim-cost.json"
+SIM_TIME_SCALE = 0.1
+SIM_COST = ["--cost-profile", str(SIM_COST_PROFILE), "--time-scale", str(SIM_TIME_SCALE)]
 T0 = time.monotonic()
 
 
@@ -158,7 +159,11 @@ class Engines:
         if self.kind == "sim":
             from duplex_dev.launch.sim import sim_pair
 
-            say("starting a simulated prefill and decode engine (real NIXL over UCX on loopback)")
+            say(
+                "starting a simulated prefill and decode engine (real NIXL over UCX on loopback), with the costs "
+                f"fitted to real vLLM CPU engines ({SIM_COST_PROFILE.relative_to(ROOT)}), {1 / SIM_TIME_SCALE:g}x "
+                "faster"
+            )
             sim_args = [*SIM_COST, "--fail-on-corrupt"]
             pair = sim_pair(
                 prefill_args=[*sim_args, "--no-enable-prefix-caching", "--kv-load-failure-policy", "recompute"],
