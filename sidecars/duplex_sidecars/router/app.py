@@ -34,6 +34,7 @@ from duplex_sidecars.router.errors import (
 )
 from duplex_sidecars.router.fabric import FabricWatch
 from duplex_sidecars.router.fabric_report import FabricReporter
+from duplex_sidecars.router.leg_costs import LegCosts
 from duplex_sidecars.router.legs import make_engine_client, make_session
 from duplex_sidecars.router.metrics import RouterMetrics
 from duplex_sidecars.router.picker import decode_picker, prefill_picker
@@ -76,7 +77,8 @@ class Router:
         self.canary: Canary | None = None
         self.calibration = self._calibration(config)
         self.watcher: EndpointSliceWatcher | None = None
-        self.pickers = {PREFILL: prefill_picker(config.placement), DECODE: decode_picker()}
+        self.leg_costs = LegCosts(config.placement, self.calibration)
+        self.pickers = {PREFILL: prefill_picker(config.placement, self.leg_costs.rates), DECODE: decode_picker()}
         self.client_keys = ClientKeys(config.client_keys_dir) if config.client_keys_dir else None
         self._show_store_bound()
         self.engine_api_key = self._api_key(config)
@@ -102,6 +104,7 @@ class Router:
             engine_api_key=self.engine_api_key,
             fabric=self.fabric,
             calibration=self.calibration,
+            leg_costs=self.leg_costs,
         )
 
     @staticmethod
@@ -255,10 +258,12 @@ class Router:
                 hc.timeout_seconds,
             )
             self.prober._headers = self._probe_headers()
-        if new.reuse.model_dump(exclude={"min_tokens"}) != old.reuse.model_dump(exclude={"min_tokens"}):
+        recalibrate = new.reuse.model_dump(exclude={"min_tokens"}) != old.reuse.model_dump(exclude={"min_tokens"})
+        if recalibrate:
             self.calibration = self._calibration(new)  # a new window starts empty
-        if new.placement != old.placement:
-            self.pickers = {PREFILL: prefill_picker(new.placement), DECODE: self.pickers[DECODE]}
+        if recalibrate or new.placement != old.placement:
+            self.leg_costs = LegCosts(new.placement, self.calibration)
+            self.pickers = {PREFILL: prefill_picker(new.placement, self.leg_costs.rates), DECODE: self.pickers[DECODE]}
         self.config = new
         self.deps = self._deps()
         self.apply_limits()
@@ -381,6 +386,7 @@ async def _ready(router: Router, request: Request) -> None:
         "fabric": router.fabric.describe() if router.fabric is not None else None,
         "canary": router.canary.verdict() if router.canary is not None else None,
         "calibration": router.calibrated(),
+        "placement": {"prefill": router.config.placement.prefill, **router.leg_costs.describe()},
         "config_generation": router.generation,
     }
     if router.watcher is not None:

@@ -1,8 +1,9 @@
 """What a reused token saves, fitted from the router's own prefill legs: the inputs of the recompute threshold that
 `kvTransfer.recomputeThreshold: Auto` renders (operator/duplex/auto_threshold.py).
 
-Each prefill leg that answered is a sample: the tokens prefill computed, the tokens it read back from decode (0 on
-a miss), and the leg's seconds. A least-squares fit over the latest `window` samples of
+Each prefill leg that answered, and had its engine to itself from start to end (a leg that waited behind
+another measures the queue, not the engine), is a sample: the tokens prefill computed, the tokens it read back from
+decode (0 on a miss), and the leg's seconds. A least-squares fit over the latest `window` samples of
 
     seconds = base + compute * computed + read * read_tokens + overhead * replayed
 

@@ -122,14 +122,26 @@ class ClientLimitsConfig(_Strict):
 
 
 class PlacementConfig(_Strict):
-    """How the prefill engine of a leg is chosen. `cost` weighs the legs waiting on each engine against reading the
-    conversation's blocks from decode, which the engine of the previous turn (whose prefix cache may hold them)
-    does not have to do; its numbers are fitted by bench/ttft_bench.py (docs/benchmarks.md)."""
+    """How the prefill engine of a leg is chosen. `cost` picks the engine that can start the leg soonest: the
+    compute already queued on it (each leg in flight: its new tokens at the compute rate, and a fixed part), plus
+    reading the conversation's blocks from decode, which the engine of the previous turn (whose prefix cache may hold
+    them) does not have to do (router/leg_costs.py). Its rates come from here until the router's calibration has a
+    fit, then from the fit."""
 
     prefill: Literal["least_outstanding", "round_robin", "cost"] = "least_outstanding"
-    queue_ms_per_leg: float = Field(200.0, ge=0, description="cost: expected wait behind each leg already in flight.")
-    read_ms_per_1k_tokens: float = Field(10.0, ge=0, description="cost: reading 1k tokens of KV from decode.")
-    read_latency_ms: float = Field(2.0, ge=0, description="cost: the fixed part of a read (handshake, posting).")
+    queue_ms_per_leg: float = Field(20.0, ge=0, description="cost: the fixed wait behind each leg in flight.")
+    compute_ms_per_1k_tokens: float = Field(
+        100.0, ge=0, description="cost: computing 1k new prompt tokens (until the calibration has a fit)."
+    )
+    read_ms_per_1k_tokens: float = Field(
+        10.0, ge=0, description="cost: reading 1k tokens of KV from decode (until the calibration has a fit)."
+    )
+    read_latency_ms: float = Field(
+        2.0,
+        ge=0,
+        description="cost: the fixed part of a read, handshake and posting (until the calibration has a fit).",
+    )
+    calibrated: bool = Field(True, description="cost: take the rates from the calibration's fit once it has one.")
 
 
 class ReuseConfig(_Strict):

@@ -36,6 +36,7 @@ class Engine:
     url: str
     role: str
     inflight: int = 0
+    queued_seconds: float = 0.0  # the compute its legs in flight are expected to take (router/leg_costs.py)
     healthy: bool | None = None  # None: not probed yet
     last_error: str | None = None
     # Decode: whether its last answer, streamed (True) or not (False), carried kv_transfer_params.
@@ -121,15 +122,17 @@ class EnginePool:
         return sum(1 for e in self.engines.values() if e.healthy)
 
     @contextmanager
-    def busy(self, engine: Engine) -> Iterator[Engine]:
-        """Count a leg against the engine while it runs."""
+    def busy(self, engine: Engine, seconds: float = 0.0) -> Iterator[Engine]:
+        """Count a leg, and the compute it is expected to take, against the engine while it runs."""
         engine.inflight += 1
+        engine.queued_seconds += seconds
         if engine._gauge is not None:
             engine._gauge.inc()
         try:
             yield engine
         finally:
             engine.inflight -= 1
+            engine.queued_seconds = max(0.0, engine.queued_seconds - seconds)
             if engine._gauge is not None:
                 engine._gauge.dec()
 

@@ -3,8 +3,8 @@
 A placement policy is one more scorer: it sees each candidate and what the pipeline knows about the request
 (`Hints`) and adds to its score. Decode: the engine that holds the conversation's blocks first, then healthy before
 not-yet-probed, then the fewest legs in flight. Prefill (`placement.prefill`): the fewest legs in flight
-(least_outstanding, the default), each engine in turn (round_robin), or the least expected cost (cost: the legs
-already waiting on it, plus reading the conversation's blocks from decode unless it is the engine whose prefix
+(least_outstanding, the default), each engine in turn (round_robin), or the least expected cost (cost: the compute
+already queued on it, plus reading the conversation's blocks from decode unless it is the engine whose prefix
 cache holds the previous turn). Ties are broken at random, or in turn for round_robin.
 """
 
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from duplex_sidecars.router.config import PlacementConfig
 from duplex_sidecars.router.endpoints import Engine, EnginePool
+from duplex_sidecars.router.leg_costs import Rates
 
 
 @dataclass(frozen=True)
@@ -54,15 +55,17 @@ TIERS: tuple[Tier, ...] = (
 )
 
 
-def cost(queue_ms_per_leg: float, read_ms_per_1k_tokens: float, read_latency_ms: float) -> Scorer:
-    """Minus the expected milliseconds before this engine can answer the leg: the legs already in flight on it, and
-    reading the conversation's blocks from decode, which the engine of the previous turn skips for what its prefix
-    cache still holds. The suffix to compute is the same on every engine, so it is left out."""
+def cost(rates: Callable[[], Rates]) -> Scorer:
+    """Minus the expected seconds before this engine can start the leg: the compute queued on it and a fixed part
+    per leg in flight, plus reading the conversation's blocks from decode, which the engine of the previous turn
+    skips for what its prefix cache still holds. The leg's own compute is the same on every engine, so it is left
+    out."""
 
     def score(engine: Engine, hints: Hints) -> float:
-        wait = engine.inflight * queue_ms_per_leg
+        r = rates()
+        wait = engine.queued_seconds + engine.inflight * r.per_leg
         if hints.tokens and engine.url != hints.sticky:
-            wait += read_latency_ms + hints.tokens / 1000 * read_ms_per_1k_tokens
+            wait += r.read_latency + hints.tokens * r.read_per_token
         return -wait
 
     return score
@@ -98,13 +101,14 @@ class Picker:
         return random.choice(tied)
 
 
-def prefill_picker(placement: PlacementConfig | None = None) -> Picker:
+def prefill_picker(placement: PlacementConfig | None = None, rates: Callable[[], Rates] | None = None) -> Picker:
+    """`rates`: the cost policy's (router/leg_costs.py); the placement's own numbers when not given."""
     placement = placement or PlacementConfig()
     if placement.prefill == "round_robin":
         return Picker(((1.0, probed_healthy),), rotate=True)
     if placement.prefill == "cost":
-        policy = cost(placement.queue_ms_per_leg, placement.read_ms_per_1k_tokens, placement.read_latency_ms)
-        return Picker(((1e9, probed_healthy), (1.0, policy)))
+        fixed = Rates.of(placement)
+        return Picker(((1e9, probed_healthy), (1.0, cost(rates or (lambda: fixed)))))
     return Picker(((1000.0, probed_healthy), (1.0, least_outstanding)))
 
 

@@ -36,6 +36,7 @@ from duplex_sidecars.router.errors import BackendFailed, BackendUnavailable, Rou
 from duplex_sidecars.router.exchange import Exchange
 from duplex_sidecars.router.fabric import FabricWatch
 from duplex_sidecars.router.history import Reply
+from duplex_sidecars.router.leg_costs import LegCosts
 from duplex_sidecars.router.legs import LegFailure
 from duplex_sidecars.router.metrics import RouterMetrics
 from duplex_sidecars.router.picker import Hints, Picker
@@ -62,6 +63,7 @@ class Deps:
     engine_api_key: str | None = None
     fabric: FabricWatch | None = None  # told which engines read whose blocks
     calibration: Calibration | None = None  # told what each prefill leg cost
+    leg_costs: LegCosts | None = None  # what a prefill leg is expected to compute, for the cost placement
 
 
 @dataclass
@@ -167,12 +169,17 @@ async def prefill(deps: Deps, ctx: Context, decode_attempt: int) -> dict[str, An
         body = turn.encode(protocol.prefill_leg_body(turn.body, kv, turn.api.legs))
         suffix = (f"-d{decode_attempt}" if decode_attempt else "") + (f"-p{current.number}" if current.number else "")
         headers = legs.leg_headers(turn.request_id + suffix, deps.engine_api_key)
+        reused = ctx.decision.tokens if current.replay else 0
+        expected = deps.leg_costs.leg_seconds(len(body), reused) if deps.leg_costs is not None else 0.0
+        # Only a leg that had its engine to itself measures the engine: one that shared it measures the queue too.
+        alone = engine.inflight == 0
         started = time.perf_counter()
         try:
-            with pool.busy(engine):
+            with pool.busy(engine, expected):
                 reply, resent = await legs.prefill(
                     deps.client, engine.url, turn.path, body, headers, cfg.timeouts, replay=current.replay
                 )
+                alone = alone and engine.inflight == 1
         except LegFailure as failure:
             metrics.backend_errors.labels(PREFILL, failure.kind).inc()
             failures.append(failure)
@@ -197,10 +204,10 @@ async def prefill(deps: Deps, ctx: Context, decode_attempt: int) -> dict[str, An
         if resent:
             metrics.resends.labels(PREFILL).inc()
         metrics.leg_duration.labels(PREFILL).observe(ctx.prefill_seconds)
-        if deps.calibration is not None:
-            deps.calibration.observe(
-                reply.get("usage"), ctx.decision.tokens if current.replay else 0, ctx.prefill_seconds
-            )
+        if deps.calibration is not None and alone:
+            deps.calibration.observe(reply.get("usage"), reused, ctx.prefill_seconds)
+        if deps.leg_costs is not None:
+            deps.leg_costs.observe(len(body), reply.get("usage"))
         if current.replay:
             ctx.replayed = True
             if deps.fabric is not None and ctx.decision.sticky_decode:

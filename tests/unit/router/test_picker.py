@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from duplex_sidecars.router.endpoints import DECODE, EnginePool
+from duplex_sidecars.router.leg_costs import Rates
 from duplex_sidecars.router.picker import Hints, Picker, decode_picker, least_outstanding
 
 
@@ -116,3 +117,34 @@ def test_round_robin_takes_each_prefill_in_turn():
 def test_least_outstanding_ignores_the_previous_prefill():
     lo = prefill_picker()
     assert lo.pick(prefills(1, 0), Hints(sticky="http://p0", tokens=8000)).url == "http://p1"
+
+
+def queued(*seconds: float) -> EnginePool:
+    p = prefills(*([1] * len(seconds)))
+    for engine, s in zip(p.engines.values(), seconds, strict=True):
+        engine.queued_seconds = s
+    return p
+
+
+def test_cost_weighs_the_compute_queued_not_the_number_of_legs():
+    # p0: three short legs (0.3 s of compute); p1: one long first turn (4 s): p0 starts sooner.
+    pool = queued(0.3, 4.0)
+    pool.engines["http://p0"].inflight = 3
+    assert COST.pick(pool, Hints()).url == "http://p0"
+    assert prefill_picker().pick(pool, Hints()).url == "http://p1"  # least_outstanding counts legs
+
+
+def test_cost_moves_a_conversation_only_when_its_queue_outweighs_the_read():
+    rates = Rates(per_leg=0.0, compute_per_token=0.003, read_per_token=1e-5, read_latency=0.1)
+    picker = prefill_picker(PlacementConfig(prefill="cost"), lambda: rates)
+    hints = Hints(sticky="http://p1", tokens=4000)  # reading it elsewhere: 0.1 s + 0.04 s
+    assert picker.pick(queued(0.0, 0.1), hints).url == "http://p1"
+    assert picker.pick(queued(0.0, 0.2), hints).url == "http://p0"
+
+
+def test_a_leg_counts_its_expected_compute_while_it_runs():
+    pool = prefills(0)
+    engine = pool.engines["http://p0"]
+    with pool.busy(engine, 1.5):
+        assert (engine.inflight, engine.queued_seconds) == (1, 1.5)
+    assert (engine.inflight, engine.queued_seconds) == (0, 0.0)
