@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup run test lint image test-unit test-cluster test-vllm test-realvllm test-image test-chart crds docs crds-check render cluster-up cluster-down bench bench-router bench-http bench-ttft bench-operator clean
+.PHONY: setup run test lint image test-unit test-cluster test-vllm test-realvllm test-image test-chart crds docs crds-check render cluster-up cluster-down bench bench-router bench-http bench-ttft bench-operator bench-placement clean
 
 $(STAMP): pyproject.toml hack/pyproject.toml hack/versions.sh hack/setup.sh hack/build-tools.sh
 	bash hack/setup.sh
@@ -96,6 +96,9 @@ bench-ttft: $(STAMP)
 ## latency, idle requests and writes from the audit log, CPU and RSS (~30 min; `--quick`: sizes 5,10, a few minutes).
 bench-operator: $(STAMP)
 	$(PY) bench/operator_bench.py
+
+bench-placement: $(STAMP)
+	$(PY) bench/placement_bench.py --read-back-latency-ms 98,573
 
 clean:
 	-$(VENV)/bin/duplex-dev cluster down

@@ -171,7 +171,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         "| turns | count | median | p90 |",
         "|---|---:|---:|---:|",
-        *(f"| {k} | {v['turns']} | {v['median']:.0%} | {v['p90']:.0%} |" for k, v in doc["errors"].items()),
+        *(f"| {k} | {v['turns']} | {v['median']:.0%} | {v['p90']:.0%} |" for k, v in sorted(doc["errors"].items())),
         "",
         f"Replayed turns slower than recompute on the same turn: {len(doc['slower_turns'])}.",
         "",
