@@ -101,6 +101,14 @@ def get(url: str) -> tuple[int, bytes]:
         return 0, b""
 
 
+def calibration_legs(router: RouterProcess) -> dict[str, int]:
+    """The prefill legs the router's calibration has sampled (/ready), of each kind."""
+    status, body = get(router.url + "/ready")
+    assert status == 200, body[:300]
+    report = json.loads(body).get("calibration") or {}
+    return {"recomputes": 0, "replays": 0, **report.get("legs", {})}
+
+
 # -- turns -----------------------------------------------------------------------------------------------------
 
 

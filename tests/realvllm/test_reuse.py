@@ -15,7 +15,18 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from .rig import LONG, Counters, Turn, assert_same_answer, block_bytes, blocks, chat, complete, covered_tokens
+from .rig import (
+    LONG,
+    Counters,
+    Turn,
+    assert_same_answer,
+    block_bytes,
+    blocks,
+    calibration_legs,
+    chat,
+    complete,
+    covered_tokens,
+)
 
 TOKENS = 24
 
@@ -24,6 +35,7 @@ def test_follow_up_turns_read_exactly_the_replayed_tokens_from_decode(engines, r
     conv = f"exact-{uuid.uuid4().hex}"
     messages: list[dict[str, Any]] = []
     previous: Turn | None = None
+    sampled = calibration_legs(router)
     for turn in range(4):
         messages.append({"role": "user", "content": f"{LONG} Question {turn}: what happened next?"})
         before = Counters.read(engines.prefill, router)
@@ -47,6 +59,9 @@ def test_follow_up_turns_read_exactly_the_replayed_tokens_from_decode(engines, r
         assert_same_answer(result, chat(engines.prefill.url, messages, max_tokens=TOKENS))
         messages.append({"role": "assistant", "content": result.text})
         previous = result
+    # The router sampled each prefill leg for its calibration (recomputeThreshold: Auto), from vLLM's own `usage`.
+    after = calibration_legs(router)
+    assert (after["recomputes"] - sampled["recomputes"], after["replays"] - sampled["replays"]) == (1, 3)
 
 
 def test_completions_reuse_equals_recompute(engines, router, model_dir):
