@@ -294,6 +294,9 @@ def live_chat(cluster: LocalCluster, turns: int, engines: Engines) -> None:
                 results[label + " read"] = engines.read_back() - before
             corrupt = engines.corrupt()
             hits = router.metric("duplex_router_kv_reuse_hits_total")  # the canary's are counted apart
+            # A history shorter than the recompute threshold is recomputed: cheaper than a read (the first turn's).
+            below = router.metric("duplex_router_kv_reuse_misses_total", reason="below_threshold")
+            threshold = config.get("reuse", {}).get("min_tokens", 0)
     base, reuse = results["recompute"], results["duplex reuse"]
     print()
     print(f"{'turn':>4} {'prompt tokens':>13} {'TTFT recompute':>15} {'TTFT duplex':>12} {'saved':>7}")
@@ -302,14 +305,16 @@ def live_chat(cluster: LocalCluster, turns: int, engines: Engines) -> None:
         print(f"{b['turn']:>4} {b['prompt_tokens']:>13} {b['ttft_ms']:>12.1f} ms {r['ttft_ms']:>9.1f} ms {saved:>6.0%}")
     print()
     say(
-        f"router reuse hits: {hits:.0f} of {turns - 1} possible; tokens prefill read back from decode over NIXL: "
+        f"router reuse hits: {hits:.0f} of {turns - 1} possible"
+        + (f" ({below:.0f} shorter than the {threshold}-token recompute threshold, recomputed)" if below else "")
+        + "; tokens prefill read back from decode over NIXL: "
         f"{results['duplex reuse read']:.0f} (recompute: {results['recompute read']:.0f}); "
         + (f"corrupt blocks: {corrupt:.0f}" if engines.kind == "sim" else "engines: real vLLM (CPU)")
     )
     if corrupt:
         raise RuntimeError("the simulator saw corrupt KV blocks")
-    if hits < turns - 1:
-        raise RuntimeError(f"expected {turns - 1} reuse hits, got {hits:.0f}")
+    if hits + below < turns - 1:
+        raise RuntimeError(f"expected {turns - 1} reuse hits or below-threshold recomputes, got {hits + below:.0f}")
 
 
 def main(argv: list[str]) -> int:
