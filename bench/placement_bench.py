@@ -34,6 +34,7 @@ import results_io
 import ttft_stats as stats
 import ttft_workload as workload
 
+from duplex_dev.chat import read_stream
 from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.sim import SimProcess
 from duplex_sidecars.sim.cost import CostModel, load_profile
@@ -138,21 +139,11 @@ async def turn(http: Any, url: str, conv: workload.Conversation, index: int) -> 
         "conversation_id": conv.name,
     }  # fmt: skip
     started = time.perf_counter()
-    first, text, usage = None, "", {}
     async with http.post(url + "/v1/chat/completions", json=body) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{conv.name} turn {index}: HTTP {resp.status}: {(await resp.text())[:300]}")
-        async for raw in resp.content:
-            line = raw.decode().strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            for choice in chunk.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content") or ""
-                if piece and first is None:
-                    first = time.perf_counter() - started
-                text += piece
-            usage = chunk.get("usage") or usage
+        streamed = await read_stream(resp, started)
+    first, text, usage = streamed.first, streamed.text, streamed.usage
     conv.record_reply(index, text)
     return {"conv": conv.name, "turn": index, "ttft_wall_s": first, "e2e_wall_s": time.perf_counter() - started,
             "prompt_tokens": usage.get("prompt_tokens", 0)}  # fmt: skip

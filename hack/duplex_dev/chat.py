@@ -40,6 +40,34 @@ def sse_events(raw: bytes) -> list[Any]:
 
 
 @dataclass
+class Streamed:
+    """A streamed chat completion as a client saw it: seconds to its first content, its text and its usage."""
+
+    first: float | None
+    text: str
+    usage: dict[str, Any]
+
+
+async def read_stream(resp: aiohttp.ClientResponse, started: float) -> Streamed:
+    """Consume a streamed chat completion line by line (the time of the first content matters), refusing any chunk
+    that carries kv_transfer_params."""
+    first, text, usage = None, "", {}
+    async for raw in resp.content:
+        line = raw.decode().strip()
+        if not line.startswith("data:") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[5:])
+        check_no_params(chunk)
+        for choice in chunk.get("choices") or []:
+            piece = (choice.get("delta") or {}).get("content") or ""
+            if piece and first is None:
+                first = time.perf_counter() - started
+            text += piece
+        usage = chunk.get("usage") or usage
+    return Streamed(first, text, usage)
+
+
+@dataclass
 class TurnResult:
     text: str
     status: int

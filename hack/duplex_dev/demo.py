@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from duplex_dev.chat import read_stream
 from duplex_dev.cluster import ClusterError, LocalCluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -246,21 +247,10 @@ async def chat(
             }
             body["conversation_id"] = f"{conversation_id}-turn-{turn}" if fresh_each_turn else conversation_id
             started = time.perf_counter()
-            ttft, text, usage = None, "", {}
             async with http.post(url + "/v1/chat/completions", json=body) as resp:
                 resp.raise_for_status()
-                async for raw in resp.content:
-                    line = raw.decode().strip()
-                    if not line.startswith("data:") or line == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line[5:])
-                    assert "kv_transfer_params" not in chunk, "the router leaked engine metadata"
-                    for choice in chunk.get("choices") or []:
-                        piece = (choice.get("delta") or {}).get("content") or ""
-                        if piece and ttft is None:
-                            ttft = time.perf_counter() - started
-                        text += piece
-                    usage = chunk.get("usage") or usage
+                streamed = await read_stream(resp, started)
+            ttft, text, usage = streamed.first, streamed.text, streamed.usage
             messages.append({"role": "assistant", "content": text})
             out.append({"turn": turn, "ttft_ms": (ttft or 0) * 1000, "prompt_tokens": usage.get("prompt_tokens", 0)})
     return out
