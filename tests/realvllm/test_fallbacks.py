@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import time
 import uuid
+import warnings
 from typing import Any
 
 import pytest
@@ -72,11 +73,20 @@ def test_another_tenant_never_reuses_and_the_owner_still_does(engines, router):
     assert_same_answer(mallory, recompute)
     assert_same_answer(anonymous, recompute)
 
-    before = Counters.read(engines.prefill, router)
-    owner = chat(router.url, nxt, conv, headers=alice)
-    delta = Counters.read(engines.prefill, router) - before
-    assert delta.hits == 1 and delta.external == delta.reused > 0
-    assert_same_answer(owner, recompute)
+    # vLLM 0.32 now and then leaves a replay's request waiting on prefill after its read (rig.assert_follow_ups_reused;
+    # seen here in CI): the router abandons the leg and recomputes, and stores that answer, so the owner's next turn
+    # replays it. Once, with a warning.
+    for attempt in range(2):
+        before = Counters.read(engines.prefill, router)
+        owner = chat(router.url, nxt, conv, headers=alice)
+        delta = Counters.read(engines.prefill, router) - before
+        assert_same_answer(owner, recompute)
+        if delta.hits or attempt or not delta.misses.get("prefill_retry"):
+            break
+        warnings.warn(f"vLLM left the owner's replay waiting and the router recomputed it: {delta}", stacklevel=1)
+        nxt = nxt + [{"role": "assistant", "content": owner.text}, {"role": "user", "content": "And then?"}]
+        recompute = chat(engines.prefill.url, nxt)
+    assert delta.hits == 1 and delta.external == delta.reused > 0, delta
 
 
 def test_too_few_reusable_tokens_are_recomputed_by_prefill(engines, router):
