@@ -2,7 +2,7 @@
 simulated engines (zero compute delay), plus the memory and lookup cost of the router's conversation store.
 
     python bench/router_bench.py            # the full run (~15 min on 2 cores); writes bench/results/router-<date>.*
-    python bench/router_bench.py --quick    # a short smoke run; writes bench/results/router-<date>-quick.*
+    python bench/router_bench.py --quick    # a short smoke run; writes bench/results/tmp/router-<date>-quick.*
 
 See docs/benchmarks.md for what is measured and how to read the numbers.
 """
@@ -126,7 +126,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-store", action="store_true", help="skip the conversation store measurement")
     p.add_argument("--skip-history", action="store_true", help="skip the per-request work vs history length")
     p.add_argument("--no-install", action="store_true", help="fail instead of pip-installing vllm-router")
-    p.add_argument("--out", help="results path without extension (default bench/results/router-<date>[-quick])")
+    p.add_argument(
+        "--out", help="results path without extension (default bench/results/router-<date>, quick: bench/results/tmp/)"
+    )
     args = p.parse_args(argv)
     args.rounds = args.rounds or (1 if args.quick else 3)
     if args.latency_rounds is None:
@@ -691,8 +693,12 @@ def main(argv: list[str] | None = None) -> int:
     meta["loadavg_end"] = os.getloadavg()
     results = {"meta": meta, "load": load, "store": store, "history": history}
     results["targets"] = report.targets(results)
+    # A quick run goes to results/tmp/ (ignored by git): at the top level it would retire the committed results.
     out = args.out or os.path.join(
-        BENCH, "results", f"router-{started.date().isoformat()}" + ("-quick" if args.quick else "")
+        BENCH,
+        "results",
+        *(["tmp"] if args.quick else []),
+        f"router-{started.date().isoformat()}" + ("-quick" if args.quick else ""),
     )
     markdown = report.markdown(results)
     results_io.write(out, results, markdown)
