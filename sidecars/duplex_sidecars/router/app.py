@@ -104,7 +104,8 @@ class Router:
             engine_api_key=self.engine_api_key,
             fabric=self.fabric,
             calibration=self.calibration,
-            leg_costs=self.leg_costs,
+            # Only the cost placement reads what a leg is expected to compute: the other policies skip the estimate.
+            leg_costs=self.leg_costs if self.config.placement.prefill == "cost" else None,
         )
 
     @staticmethod
