@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from duplex_dev import processes
+from duplex_dev.launch.engine_key import DEV_ENGINE_KEY
 from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.vllm import Change, VllmEngine
 
@@ -29,8 +30,12 @@ class TurnError(RuntimeError):
     pass
 
 
-def post(url: str, body: dict[str, Any], timeout: float = 900) -> dict[str, Any]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+ENGINE_AUTH = {"authorization": f"Bearer {DEV_ENGINE_KEY}"}  # what the router sends; engines refuse /v1 without it
+
+
+def post(url: str, body: dict[str, Any], timeout: float = 900, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    sent = {"content-type": "application/json", **(headers or {})}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=sent)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             out: dict[str, Any] = json.loads(resp.read())
@@ -159,12 +164,13 @@ def chat_body(
 def warm(prefills: list[VllmEngine], body: dict[str, Any], prefix: list[dict[str, Any]]) -> None:
     """The oracle's untimed warm-up: each prefill engine computes exactly `prefix` (the history with the last reply,
     no generation prompt) under the turn's cache salt, so the timed turn finds all its full blocks in the local
-    prefix cache and computes only the new suffix (plus the last partial block of the prefix)."""
+    prefix cache and computes only the new suffix (plus the last partial block of the prefix). It goes to the engines
+    directly, so it carries the engine key as the router would."""
     if not prefix:
         return
     warm_body = {**body, "messages": prefix, "max_tokens": 1, "add_generation_prompt": False}
     for p in prefills:
-        post(p.url + "/v1/chat/completions", warm_body)
+        post(p.url + "/v1/chat/completions", warm_body, headers=ENGINE_AUTH)
 
 
 def measure(
