@@ -121,6 +121,7 @@ def router_config_from_cluster(cluster: LocalCluster, prefill: str, decode: str,
     config["discovery"] = None
     config["prefill"], config["decode"] = [prefill], [decode]
     config["host"] = "127.0.0.1"
+    config["admin_port"] = None  # /ready's detail (the canary below) on the one local port, not on a fixed 9090
     config["served_model_names"] = [model]
     # The engines run here, not in the cluster's pods: the canary's verdict is read off the router's /ready, not
     # reported to the operator (whose DisaggregationVerified counts canaries on its engine pods' IPs only).

@@ -1,6 +1,6 @@
 """`duplex calibrate`: the recompute threshold this deployment or this machine measures, and what it came from.
 
-    duplex calibrate --router URL    a running router's fit (e.g. through kubectl port-forward svc/NAME-router)
+    duplex calibrate --router URL    a running router's fit, off its admin port (kubectl port-forward deploy/NAME-router 9090)
     duplex calibrate --local         real CPU vLLM engines on this machine (the development install)
 
 It prints the inputs of kvTransfer.recomputeThreshold: Auto (router/calibration.py) and the value Auto would apply
@@ -19,21 +19,28 @@ from typing import Any
 from duplex.api.spec import RecomputeCalibrationSpec
 
 
+class NotTheAdminPort(OSError):
+    pass
+
+
 def router_fit(router_url: str, timeout: float = 30.0) -> dict[str, Any] | None:
-    """The calibration a running router reports on /ready (None until it has enough legs)."""
+    """The calibration a running router reports on its admin port's /ready (None until it has enough legs)."""
     try:
         with urllib.request.urlopen(router_url + "/ready", timeout=timeout) as resp:
             body = resp.read()
     except urllib.error.HTTPError as err:  # 503 while an engine is unhealthy: the same document
         body = err.read()
-    fit = json.loads(body).get("calibration")
+    ready = json.loads(body)
+    if "calibration" not in ready:  # the API port's /ready says only {"ready": ...}
+        raise NotTheAdminPort(f"{router_url} is a router's API port; give its admin port (9090 in a cluster)")
+    fit = ready["calibration"]
     return fit if isinstance(fit, dict) else None
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="duplex calibrate", description=__doc__.split("\n\n")[0])
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--router", metavar="URL", help="a running router's base URL")
+    where.add_argument("--router", metavar="URL", help="a running router's admin port, e.g. http://localhost:9090")
     where.add_argument("--local", action="store_true", help="start real CPU vLLM engines here and measure them")
     p.add_argument("--conversations", type=int, default=16, help="--local: two-turn conversations to send")
     p.add_argument("--json", action="store_true", help="print the fit as JSON only")

@@ -5,6 +5,7 @@ KV, which prefill reads back over NIXL (UCX) and verifies block by block."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 import urllib.error
@@ -30,9 +31,10 @@ class Served:
     record: ProcessRecord
     url: str
     log: Path
+    metrics_url: str = ""  # the router's admin port; the engines' own port
 
     def metric(self, name: str, **labels: str) -> float:
-        return processes.metric_sum(processes.scrape(f"{self.url}/metrics"), name, **labels)
+        return processes.metric_sum(processes.scrape(f"{self.metrics_url or self.url}/metrics"), name, **labels)
 
 
 def _answers(url: str) -> bool:
@@ -95,10 +97,11 @@ def deployment(
         argv += ["--side-channel-port", str(side_channel), *extra]
         record = read_only_container.spawn(*argv, log=logs / f"{role}.log")
         engines[role] = Served(role, record, f"http://{HOST}:{port}", logs / f"{role}.log")
-    port = free_port(HOST)
-    argv = ["duplex", "router", "--host", HOST, "--port", str(port)]
+    port, admin = free_port(HOST), free_port(HOST)
+    argv = ["duplex", "router", "--host", HOST, "--port", str(port), "--admin-port", str(admin)]
     argv += ["--prefill", engines["prefill"].url, "--decode", engines["decode"].url]
-    router = Served("router", read_only_container.spawn(*argv, log=logs / "router.log"), f"http://{HOST}:{port}", logs)
+    record = read_only_container.spawn(*argv, log=logs / "router.log")
+    router = Served("router", record, f"http://{HOST}:{port}", logs, f"http://{HOST}:{admin}")
     router.log = logs / "router.log"
     served = {**engines, "router": router}
     try:
@@ -132,3 +135,14 @@ def test_second_turn_reuses_decodes_kv_over_nixl(deployment: dict[str, Served]):
     assert prefill.metric("sim_nixl_reads_total") > reads_before
     assert prefill.metric("vllm:prompt_tokens_by_source_total", source="external_kv_transfer") > 0
     assert sum(deployment[role].metric("sim_corrupt_blocks_total") for role in ("prefill", "decode")) == 0
+
+
+def test_the_router_keeps_metrics_and_topology_on_its_admin_port(deployment: dict[str, Served]):
+    router = deployment["router"]
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(router.url + "/metrics", timeout=5)
+    assert refused.value.code == 404
+    with urllib.request.urlopen(router.url + "/ready", timeout=5) as resp:
+        assert json.loads(resp.read()) == {"ready": True}
+    with urllib.request.urlopen(router.metrics_url + "/ready", timeout=5) as resp:
+        assert deployment["prefill"].url in resp.read().decode()

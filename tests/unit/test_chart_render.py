@@ -420,7 +420,9 @@ def test_pod_monitors_select_the_pods_the_operator_creates(variant: str, selecto
         for other in {"router", "prefill", "decode"} - set(roles[name]):
             assert not spec["selector"]["matchLabels"].items() <= child_labels("qwen", other).items()
         (endpoint,) = spec["podMetricsEndpoints"]
-        assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
+        # The router's metrics name the engines: they are on its admin port, which its Service does not expose.
+        assert endpoint["port"] == {"duplex-routers": "admin", "duplex-engines": "http"}[name]
+        assert endpoint["path"] == "/metrics"
         targets = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
         expected = {"serving": ["__meta_kubernetes_pod_label_duplex_dev_serving"]}
         if name == "duplex-engines":  # vLLM's metrics have no role; the router's own `role` (engine pool) is kept

@@ -238,8 +238,9 @@ class NetworkPolicySpec(Model):
     enabled: bool = Field(True, description="Render the NetworkPolicies (needs a CNI that enforces them).")
     metrics_namespaces: Annotated[list[NamespaceName], Field(max_length=32)] = Field(
         ["monitoring"],
-        description="Namespaces whose pods may also reach the engines' HTTP port, where vLLM serves /metrics "
-        "(e.g. Prometheus'). /v1 stays guarded by the engine API key. [] leaves the port to the router alone.",
+        description="Namespaces whose pods (e.g. Prometheus') may reach the engines' HTTP port, where vLLM serves "
+        "/metrics (/v1 stays guarded by the engine API key), and the router's admin port (its /metrics and "
+        "/ready's detail). [] leaves the engines to the router and the admin port to kubelet.",
     )
 
 

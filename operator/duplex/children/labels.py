@@ -9,6 +9,7 @@ SERVING_LABEL = "duplex.dev/serving"
 ROLE_LABEL = "duplex.dev/role"
 ENGINE_HASH_ANNOTATION = "duplex.dev/engine-config-hash"
 HTTP_PORT = 8000
+ADMIN_PORT = 9090  # the router's /metrics and /ready detail: not in its Service, fenced to metrics namespaces
 
 
 def child_name(serving: str, suffix: str) -> str:

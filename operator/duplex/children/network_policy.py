@@ -5,7 +5,8 @@
   key); the NIXL side channel and transport only from the other role's pods of this serving (prefill reads decode's
   blocks back, decode reads prefill's). UCX's TCP transport listens on ports it picks at run time, so the transport
   rule opens every port but HTTP to the peer role, and only to it.
-* Router: its port open to everyone: it is the API edge.
+* Router: its API port open to everyone (it is the API edge); its admin port (/metrics, /ready's detail: the
+  topology) only from the pods of `metricsNamespaces`.
 
 Only ingress is fenced (engines pull weights from a hub, the router talks to the API server). EFA traffic (SRD)
 goes from device to device past the kernel network stack, so no NetworkPolicy sees it: it is bounded by the EFA
@@ -18,7 +19,7 @@ from typing import Any
 
 from duplex.api.spec import DisaggregatedServingSpec
 from duplex.children.kinds import NETWORK_POLICY
-from duplex.children.labels import HTTP_PORT, child_name, labels, selector
+from duplex.children.labels import ADMIN_PORT, HTTP_PORT, child_name, labels, selector
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
 PEER = {"prefill": "decode", "decode": "prefill"}
@@ -39,15 +40,20 @@ def transport_ports(spec: DisaggregatedServingSpec) -> list[dict[str, Any]]:
     ]
 
 
-def engine_policy(spec: DisaggregatedServingSpec, serving: str, namespace: str, role: str) -> dict[str, Any]:
-    http = [_tcp(HTTP_PORT)]
-    ingress: list[dict[str, Any]] = [
-        {"from": [{"podSelector": {"matchLabels": selector(serving, "router")}}], "ports": http}
-    ]
+def _from_scrapers(spec: DisaggregatedServingSpec, port: int) -> list[dict[str, Any]]:
+    """The rule letting the pods of `metricsNamespaces` reach `port` (none if there are none)."""
     scrapers = spec.network.network_policy.metrics_namespaces
-    if scrapers:
-        namespaces = {"matchExpressions": [{"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": list(scrapers)}]}
-        ingress.append({"from": [{"namespaceSelector": namespaces}], "ports": http})
+    if not scrapers:
+        return []
+    namespaces = {"matchExpressions": [{"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": list(scrapers)}]}
+    return [{"from": [{"namespaceSelector": namespaces}], "ports": [_tcp(port)]}]
+
+
+def engine_policy(spec: DisaggregatedServingSpec, serving: str, namespace: str, role: str) -> dict[str, Any]:
+    ingress: list[dict[str, Any]] = [
+        {"from": [{"podSelector": {"matchLabels": selector(serving, "router")}}], "ports": [_tcp(HTTP_PORT)]},
+        *_from_scrapers(spec, HTTP_PORT),
+    ]
     ingress.append(
         {"from": [{"podSelector": {"matchLabels": selector(serving, PEER[role])}}], "ports": transport_ports(spec)}
     )
@@ -58,13 +64,14 @@ def engine_policy(spec: DisaggregatedServingSpec, serving: str, namespace: str, 
 
 
 def router_policy(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> dict[str, Any]:
-    """Open on the router's port, so that a namespace with a default-deny policy still reaches its API edge."""
+    """Open on the router's API port, so that a namespace with a default-deny policy still reaches its API edge;
+    the admin port to scrapers only."""
     return NETWORK_POLICY.manifest(
         {"name": child_name(serving, "router"), "namespace": namespace, "labels": labels(serving, "router")},
         spec={
             "podSelector": {"matchLabels": selector(serving, "router")},
             "policyTypes": ["Ingress"],
-            "ingress": [{"ports": [_tcp(HTTP_PORT)]}],
+            "ingress": [{"ports": [_tcp(HTTP_PORT)]}, *_from_scrapers(spec, ADMIN_PORT)],
         },
     )
 

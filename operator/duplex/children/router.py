@@ -11,7 +11,7 @@ from duplex.children import engine_key
 from duplex.children.engine import served_model_name
 from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, ROLE, ROLE_BINDING, SERVICE_ACCOUNT
 from duplex.children.kv_config import backend, engine_threshold, kv_transfer_config, router_threshold, router_ttl
-from duplex.children.labels import HTTP_PORT, child_name, labels, selector
+from duplex.children.labels import ADMIN_PORT, HTTP_PORT, child_name, labels, selector
 from duplex_sidecars.router.config import (
     CanaryConfig,
     ClientLimitsConfig,
@@ -62,6 +62,7 @@ def router_config(
     return RouterConfig(
         host="0.0.0.0",
         port=HTTP_PORT,
+        admin_port=ADMIN_PORT,
         discovery=EndpointSliceDiscovery(
             namespace=namespace,
             prefill_service=child_name(serving, "prefill"),
@@ -154,7 +155,10 @@ def router_deployment(
         "image": router.image,
         "command": ["duplex", "router", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}"],
         "env": env,
-        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {"name": "admin", "containerPort": ADMIN_PORT, "protocol": "TCP"},
+        ],
         "resources": {"requests": dict(amounts), "limits": dict(amounts)},
         "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5},
         "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "failureThreshold": 3},

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -234,8 +235,8 @@ class Router:
     async def apply(self, new: RouterConfig) -> None:
         """Switch to a new config without dropping traffic. Listening address and store backend need a restart."""
         old = self.config
-        if (new.host, new.port) != (old.host, old.port):
-            log.warning("config: host/port changes take effect after a restart")
+        if (new.host, new.port, new.admin_port) != (old.host, old.port, old.admin_port):
+            log.warning("config: host and port changes take effect after a restart")
         bounds = {"max_entries", "max_bytes"}
         if new.store.model_dump(exclude=bounds) != old.store.model_dump(exclude=bounds):
             log.warning("config: store backend changes take effect after a restart")
@@ -378,7 +379,14 @@ async def _health(router: Router, request: Request) -> None:
     request.respond(200, b'{"status": "ok"}')
 
 
+async def _ready_bare(router: Router, request: Request) -> None:
+    """/ready for API clients and kubelet: whether the router can serve, and nothing of what stands behind it."""
+    ready = router.engines.ready()
+    request.respond(200 if ready else 503, json.dumps({"ready": ready}).encode())
+
+
 async def _ready(router: Router, request: Request) -> None:
+    """/ready for operators: engines and their URLs, store, fabric, canary, calibration, placement rates."""
     ready = router.engines.ready()
     body = {
         "ready": ready,
@@ -400,23 +408,39 @@ async def _metrics(router: Router, request: Request) -> None:
     request.respond(200, router.metrics.render(), CONTENT_TYPE_LATEST)
 
 
-ROUTE_TABLE: dict[str, dict[str, Route]] = {
+Routes = dict[str, dict[str, Route]]
+
+API_ROUTES: Routes = {
     **{path: {"POST": _completions} for path in APIS},
     "/v1/models": {"GET": _models},
+    "/health": {"GET": _health},
+    "/ready": {"GET": _ready_bare},
+}
+# What would tell a client the topology (engine URLs and counts, per-engine metrics, placement rates): served on the
+# admin port when there is one, else on the API port too (local runs).
+ADMIN_ROUTES: Routes = {
     "/health": {"GET": _health},
     "/ready": {"GET": _ready},
     "/metrics": {"GET": _metrics},
 }
 
 
+def route_tables(config: RouterConfig) -> tuple[Routes, Routes | None]:
+    """The API port's routes and the admin port's (None: no admin port)."""
+    if config.admin_port is None:
+        return {**API_ROUTES, **ADMIN_ROUTES}, None
+    return API_ROUTES, ADMIN_ROUTES
+
+
 class Dispatch:
     """Requests to routes; unknown paths are 404 and other methods 405, as OpenAI-style errors."""
 
-    def __init__(self, router: Router):
+    def __init__(self, router: Router, routes: Routes):
         self.router = router
+        self.routes = routes
 
     async def __call__(self, request: Request) -> None:
-        methods = ROUTE_TABLE.get(request.path)
+        methods = self.routes.get(request.path)
         if methods is None:
             send_error(request, 404, f"No route {request.method} {request.path}.", code="not_found")
             return
@@ -457,20 +481,52 @@ def client_limits(router: Router) -> Limits:
     return limits
 
 
-async def serve(router: Router, host: str, port: int, server_class: type[Any] = FrontServer) -> Any:
-    """Start the router's background work, then listen; `shutdown` undoes both. `server_class` is the HTTP server
-    (anything with FrontServer's constructor, `start`, `port` and `stop`: the benchmark compares uvicorn's)."""
+def admin_limits() -> Limits:
+    """The admin port's: GETs from a scraper or an operator, so small bodies and few connections."""
+    return Limits(lambda: 64 * 1024, max_connections=64, max_inflight=16)
+
+
+@dataclass
+class Listeners:
+    """The API server and, when configured, the admin server; `port` is the API's."""
+
+    api: Any
+    admin: Any = None
+
+    @property
+    def port(self) -> int:
+        return int(self.api.port)
+
+    @property
+    def admin_port(self) -> int | None:
+        return int(self.admin.port) if self.admin is not None else None
+
+    async def stop(self, grace: float) -> None:
+        await self.api.stop(grace)
+        if self.admin is not None:
+            await self.admin.stop(1.0)
+
+
+async def serve(router: Router, host: str, port: int, server_class: type[Any] = FrontServer) -> Listeners:
+    """Start the router's background work, then listen on the API port and the admin port (config.admin_port, 0 for
+    a free one); `shutdown` undoes it all. `server_class` is the API's HTTP server (anything with FrontServer's
+    constructor, `start`, `port` and `stop`: the benchmark compares uvicorn's)."""
+    api_routes, admin_routes = route_tables(router.config)
     await router.start()
-    server = server_class(Dispatch(router), client_limits(router), _front_error)
+    listeners = Listeners(server_class(Dispatch(router, api_routes), client_limits(router), _front_error))
     try:
-        await server.start(host, port)
+        await listeners.api.start(host, port)
+        if admin_routes is not None:
+            listeners.admin = FrontServer(Dispatch(router, admin_routes), admin_limits(), _front_error)
+            await listeners.admin.start(host, router.config.admin_port)
     except BaseException:
+        await listeners.stop(1.0)
         await router.stop()
         raise
-    return server
+    return listeners
 
 
-async def shutdown(server: Any, router: Router, grace: float = 10.0) -> None:
+async def shutdown(server: Listeners, router: Router, grace: float = 10.0) -> None:
     await server.stop(grace)
     await router.stop()
 
@@ -493,6 +549,12 @@ class RouterServer:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        """Where /metrics and /ready's detail are: the admin port, or the API port when there is none."""
+        admin = self.server.admin_port if self.server is not None else None
+        return f"http://{self.host}:{admin}" if admin is not None else self.url
 
     async def close(self) -> None:
         if self.server is not None:

@@ -1,7 +1,7 @@
 """`duplex router`: run the KV-aware router.
 
     duplex router --prefill URL --decode URL [--prefill URL ...] [--decode URL ...] [--host H] [--port P]
-                  [--conversation-ttl SECONDS] [--config FILE]
+                  [--admin-port P] [--conversation-ttl SECONDS] [--config FILE]
 
 Flags override the config file; the file is re-read when it changes.
 """
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", action="append", metavar="URL", help="decode engine base URL (repeatable)")
     p.add_argument("--host", help="listen address (default 0.0.0.0)")
     p.add_argument("--port", type=int, help="listen port (default 8000)")
+    p.add_argument("--admin-port", type=int, help="port of /metrics and /ready's detail (default: the API port)")
     p.add_argument(
         "--conversation-ttl",
         type=float,
@@ -42,17 +43,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def source_from_args(args: argparse.Namespace) -> ConfigSource:
-    overrides = flag_overrides(args.prefill, args.decode, args.host, args.port, args.conversation_ttl)
+    overrides = flag_overrides(
+        args.prefill, args.decode, args.host, args.port, args.conversation_ttl, admin_port=args.admin_port
+    )
     return ConfigSource(args.config, overrides)
 
 
 async def _serve(router: Router, server_class: type[Any]) -> None:
     cfg = router.config
     server = await serve(router, cfg.host, cfg.port, server_class)
+    admin = f"admin port {server.admin_port}" if server.admin_port is not None else "no admin port: /metrics on it"
     log.info(
-        "router listening on %s:%d (prefill %d, decode %d engines, store %s, event loop %s)",
+        "router listening on %s:%d, %s (prefill %d, decode %d engines, store %s, event loop %s)",
         cfg.host,
-        cfg.port,
+        server.port,
+        admin,
         len(router.engines.prefill),
         len(router.engines.decode),
         router.store.kind,

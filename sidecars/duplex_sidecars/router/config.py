@@ -219,6 +219,15 @@ class HealthCheckConfig(_Strict):
 class RouterConfig(_Strict):
     host: str = "0.0.0.0"
     port: int = Field(8000, ge=1, le=65535)
+    admin_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Port of /metrics and /ready's detail (engine URLs, store, fabric, placement rates); 0 picks a "
+        "free one. Set (the operator sets 9090), the API port serves /v1, /health and a bare /ready "
+        '({"ready": true}) only, so that API clients learn nothing of the topology. Unset, both are on the API '
+        "port: for local runs.",
+    )
     prefill: list[str] = Field(default_factory=list, description="Static prefill engine base URLs.")
     decode: list[str] = Field(default_factory=list, description="Static decode engine base URLs.")
     discovery: EndpointSliceDiscovery | None = None

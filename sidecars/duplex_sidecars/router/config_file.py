@@ -45,6 +45,7 @@ def flag_overrides(
     host: str | None = None,
     port: int | None = None,
     conversation_ttl: float | None = None,
+    admin_port: int | None = None,
 ) -> dict[str, Any]:
     """The part of the config the command-line flags set. Engine URLs given as flags make the engine set static:
     discovery from the file is switched off."""
@@ -59,6 +60,8 @@ def flag_overrides(
         over["host"] = host
     if port is not None:
         over["port"] = port
+    if admin_port is not None:
+        over["admin_port"] = admin_port
     if conversation_ttl is not None:
         over["conversation"] = {"ttl_seconds": conversation_ttl}
     return over

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import pytest
 
 from duplex import calibrate_cli
@@ -33,3 +36,23 @@ def test_arguments_are_checked(capsys):
 def test_an_unreachable_router_is_a_clear_error(capsys):
     assert calibrate_cli.main(["--router", "http://127.0.0.1:9"]) == 1
     assert "duplex calibrate:" in capsys.readouterr().err
+
+
+def test_the_api_port_is_named_as_the_wrong_port(capsys):
+    class BareReady(BaseHTTPRequestHandler):  # what a router's API port answers on /ready
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"ready": true}')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BareReady)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert calibrate_cli.main(["--router", f"http://127.0.0.1:{server.server_port}"]) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "API port; give its admin port" in capsys.readouterr().err

@@ -71,13 +71,21 @@ def test_metrics_namespaces_must_be_namespace_names() -> None:
         spec({"network": {"networkPolicy": {"metricsNamespaces": ["Not_A_Namespace"]}}})
 
 
-def test_the_router_is_open_on_its_port_to_everyone() -> None:
+def test_the_router_is_open_on_its_api_port_to_everyone_and_on_its_admin_port_to_scrapers() -> None:
     policy = router_policy(spec(), "qwen", "inference")
+    monitoring = {
+        "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring"]}]
+    }
     assert policy["spec"] == {
         "podSelector": pods("qwen", "router")["podSelector"],
         "policyTypes": ["Ingress"],
-        "ingress": [{"ports": [{"protocol": "TCP", "port": 8000}]}],
+        "ingress": [
+            {"ports": [{"protocol": "TCP", "port": 8000}]},
+            {"from": [{"namespaceSelector": monitoring}], "ports": [{"protocol": "TCP", "port": 9090}]},
+        ],
     }
+    alone = router_policy(spec({"network": {"networkPolicy": {"metricsNamespaces": []}}}), "qwen", "inference")
+    assert alone["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8000}]}]
 
 
 def test_policies_select_the_pods_the_deployments_run() -> None:

@@ -61,7 +61,7 @@ def test_router_json_discovery_points_at_the_engine_services() -> None:
     assert cfg.discovery.prefill_service == "qwen-prefill" and cfg.discovery.decode_service == "qwen-decode"
     assert cfg.discovery.port_name == "http"
     assert cfg.prefill == [] and cfg.decode == []
-    assert (cfg.host, cfg.port) == ("0.0.0.0", 8000)
+    assert (cfg.host, cfg.port, cfg.admin_port) == ("0.0.0.0", 8000, 9090)
 
 
 def test_router_json_conversation_defaults() -> None:
@@ -197,7 +197,10 @@ def test_router_deployment_shape() -> None:
     assert ctr["image"] == "ghcr.io/x/duplex:1"
     assert ctr["command"] == ["duplex", "router", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}"]
     assert ctr["resources"] == {"requests": {"cpu": "2", "memory": "3Gi"}, "limits": {"cpu": "2", "memory": "3Gi"}}
-    assert ctr["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert ctr["ports"] == [
+        {"name": "http", "containerPort": 8000, "protocol": "TCP"},
+        {"name": "admin", "containerPort": 9090, "protocol": "TCP"},
+    ]
     assert ctr["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
     assert ctr["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
 

@@ -153,7 +153,7 @@ async def test_a_flood_of_broken_http_leaves_no_connection_or_task_behind(make_r
             if kind in (0, 1, 2, 3, 6):
                 expected = {0: b"400", 1: b"431", 2: b"200", 3: b"413", 6: b"200"}[kind]
                 assert answer.startswith(b"HTTP/1.1 " + expected), (kind, answer[:60])
-    front = rig.server.server
+    front = rig.server.server.api
     assert front is not None
     for _ in range(500):
         if not front._conns and not front._tasks:
