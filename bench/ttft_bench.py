@@ -55,10 +55,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--sweep-turns", type=int, help="turns per conversation in the sweep (default 5; quick 3)")
     p.add_argument("--sweep-conversations", type=int, default=2, help="conversations in the sweep (default 2)")
-    p.add_argument("--block-ttl", type=float, default=150.0, help="decode's decoder_kv_blocks_ttl, seconds")
+    p.add_argument(
+        "--block-ttl", type=float, default=480.0, help="decode's decoder_kv_blocks_ttl, seconds (default 480, vLLM's)"
+    )
     p.add_argument(
         "--kv-gib",
-        help="KV cache GiB (whole: vLLM reads an int) per prefill and for decode, as PREFILL,DECODE (default 1,3; quick 1,1)",
+        help="KV cache GiB (whole: vLLM reads an int) per prefill and for decode, as PREFILL,DECODE (default 1,6; quick 1,1)",
     )
     p.add_argument("--out", help="results stem (default bench/results/ttft-<date>[-quick])")
     args = p.parse_args(argv)
@@ -73,7 +75,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     raw = args.sweep_threshold if args.sweep_threshold is not None else ("" if q else "0,64,256,1024")
     args.thresholds = [int(x) for x in raw.split(",") if x.strip()]
     # KV budgets (GiB): decode keeps every finished turn for the block TTL; the bench model's KV is 16 KiB a token.
-    prefill_gib, decode_gib = (int(x) for x in (args.kv_gib or ("1,1" if q else "1,3")).split(","))
+    prefill_gib, decode_gib = (int(x) for x in (args.kv_gib or ("1,1" if q else "1,6")).split(","))
     args.kv_gib = {"prefill": prefill_gib, "decode": decode_gib}
     return args
 
