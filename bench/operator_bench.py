@@ -66,6 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--resync-seconds", type=float, help="the operator's resync period (default 60, its own; quick 10)")
     p.add_argument("--probes", type=int, default=10, help="servings then created one at a time (default 10)")
     p.add_argument("--clients", type=int, default=4, help="threads creating the servings (default 4)")
+    p.add_argument("--workers", type=int, help="the operator's --workers (default: its own, 8)")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="give up waiting for Ready after this")
     p.add_argument("--out", help="results stem (default bench/results/operator-<date>[-quick])")
     args = p.parse_args(argv)
@@ -143,6 +144,15 @@ def operator_usage(op: OperatorProcess) -> dict[str, float]:
     }
 
 
+def cpu_by_process(cluster: LocalCluster, op: OperatorProcess) -> dict[str, float]:
+    """CPU seconds so far of each control-plane component and of the operator: where a burst's cores went."""
+    out = {
+        c.name: procstat.cpu_seconds(c.pid) for c in cluster.status(with_nodes=False).components if c.alive and c.pid
+    }
+    out["operator"] = operator_usage(op)["cpu_s"]
+    return out
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.5) -> bool:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -168,7 +178,9 @@ def run_size(n: int, cluster: LocalCluster, api: client.ApiClient, args: argpars
     audit, ns = cluster.audit_log_path, f"opbench-{n}"
     core.create_namespace({"metadata": {"name": ns}})
     wait_until(lambda: bool(core.list_namespaced_service_account(ns).items), 60)
-    op = OperatorProcess(cluster.kubeconfig_for_user(OPERATOR_USER), work, resync_seconds=args.resync_seconds)
+    op = OperatorProcess(
+        cluster.kubeconfig_for_user(OPERATOR_USER), work, resync_seconds=args.resync_seconds, workers=args.workers
+    )
     since = time.time()
     op.start()
     row: dict[str, Any] = {"servings": n, "namespace": ns}
@@ -191,11 +203,15 @@ def run_size(n: int, cluster: LocalCluster, api: client.ApiClient, args: argpars
             created[name] = time.monotonic()
 
         names = [f"s-{i:03d}" for i in range(n)]
+        cpu0 = cpu_by_process(cluster, op)
         wall0, t0 = time.time(), time.monotonic()
         with ThreadPoolExecutor(args.clients) as pool:
             list(pool.map(create, names))
         row["create_s"] = time.monotonic() - t0
         all_ready = wait_until(lambda: len(readiness.at) >= n, args.ready_timeout)
+        burst_wall = time.monotonic() - t0
+        cpu1 = cpu_by_process(cluster, op)
+        row["burst_cpu"] = {"wall_s": burst_wall, **{k: cpu1[k] - cpu0.get(k, 0.0) for k in cpu1}}
         deployments.stop()
         readiness.stop()
         row["converged"] = operator_usage(op)
@@ -214,6 +230,11 @@ def run_size(n: int, cluster: LocalCluster, api: client.ApiClient, args: argpars
             f"{n}: {row['ready']}/{n} Ready in {row['all_ready_s'] or float('nan'):.1f} s; children p50 "
             f"{row['children_s']['p50']:.2f} s p99 {row['children_s']['p99']:.2f} s; "
             f"{converge['writes']} writes to converge"
+        )
+        busy = sorted(((v, k) for k, v in row["burst_cpu"].items() if k != "wall_s"), reverse=True)
+        say(
+            f"{n}: CPU over the burst's {burst_wall:.0f} s ({os.cpu_count()} cores): "
+            + ", ".join(f"{k} {v:.0f} s" for v, k in busy)
         )
         wait_until(lambda: quiet_for(audit, 5.0), 120, 1.0)
         passes0 = op.metric("duplex_reconciles_total", result="ok")
@@ -309,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         "idle_seconds": args.idle_seconds,
         "resync_seconds": args.resync_seconds,
         "clients": args.clients,
+        "workers": args.workers,
         "probes": args.probes,
         "nodes": {"p5en.48xlarge": gpu_nodes, "m7i.4xlarge": cpu_nodes},
         "serving": fleet.serving("s-000", "opbench")["spec"],

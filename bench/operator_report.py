@@ -66,6 +66,21 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
+def _burst_cpu(rows: list[dict[str, Any]], cpus: int) -> list[str]:
+    measured = [r for r in rows if "burst_cpu" in r]
+    if not measured:
+        return ["(not measured in this run)"]
+    names = sorted({k for r in measured for k in r["burst_cpu"] if k != "wall_s"})
+    body = []
+    for r in measured:
+        cpu = r["burst_cpu"]
+        used = sum(cpu.get(k, 0.0) for k in names)
+        share = used / (cpu["wall_s"] * cpus)
+        body.append([str(r["servings"]), _f(cpu["wall_s"], ".1f"), *(_f(cpu.get(k), ".1f") for k in names),
+                     f"{_f(used, '.0f')} ({share:.0%})"])  # fmt: skip
+    return _table(["servings", "wall s", *names, "sum (of the cores)"], body)
+
+
 def markdown(results: dict[str, Any]) -> str:
     m, rows = results["machine"], results["rows"]
     quick = "--quick" in results["command"]
@@ -79,7 +94,8 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"The real local control plane (duplex_dev.cluster) with {results['nodes']['p5en.48xlarge']} fake p5en.48xlarge "
         f"and {results['nodes']['m7i.4xlarge']} m7i.4xlarge kwok nodes; one fresh `duplex operator --all-namespaces` "
-        "per size, under the chart's ClusterRole, resync every "
+        "per size, under the chart's ClusterRole, "
+        f"{results.get('workers') or 'the default'} reconcile workers, resync every "
         f"{results['resync_seconds']:.0f} s; the servings (the seed at TP 1, bench/operator_fleet.py) created by "
         f"{results['clients']} client threads into one namespace per size; an idle window of "
         f"{results['idle_seconds']:.0f} s once all are Ready and the operator has not written for 5 s."
@@ -133,6 +149,13 @@ def markdown(results: dict[str, Any]) -> str:
                 for r in rows
             ],
         ),
+        "",
+        "## Where the burst's CPU went",
+        "",
+        f"CPU seconds of each process from the first create to the last Ready, against the wall time x "
+        f"{m['nproc']} CPUs: when the sum nears that, the burst is bound by the machine, not by the operator.",
+        "",
+        *_burst_cpu(rows, int(m["nproc"])),
         "",
         "## Growth from the smallest to the largest size",
         "",

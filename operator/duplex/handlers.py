@@ -23,12 +23,13 @@ from duplex.api.meta import GROUP, KIND, PLURAL, VERSION
 from duplex.children.kinds import CHILD_KINDS, POD, ChildKind
 from duplex.children.labels import MANAGED_BY, ROLE_LABEL, SERVING_LABEL
 from duplex.kube import Kube, load_config
-from duplex.workers import SETTLE_SECONDS, Caches, Workers
+from duplex.workers import CONCURRENCY, SETTLE_SECONDS, Caches, Workers
 from duplex.workqueue import WorkQueue
 
 log = logging.getLogger("duplex.operator")
 
 RESYNC_SECONDS = float(os.environ.get("DUPLEX_RESYNC_SECONDS", "60"))
+WORKERS = int(os.environ.get("DUPLEX_WORKERS", CONCURRENCY))
 # Earlier versions ran a daemon per object, for which kopf kept this finalizer on every DisaggregatedServing. Naming
 # it here is what lets kopf take it off such objects: nothing requires a finalizer any more.
 LEGACY_FINALIZER = f"{GROUP}/operator"
@@ -106,9 +107,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **indices: Any
         children=tuple(indices[index_id(kind)] for kind in CHILD_KINDS),
         pods=indices["engine_pods"],
     )
-    kube = Kube(load_config(os.environ.get("DUPLEX_KUBECONFIG") or None))  # fails fast on a bad kubeconfig
+    kube = Kube(load_config(os.environ.get("DUPLEX_KUBECONFIG") or None, WORKERS))  # fails fast on a bad kubeconfig
     memo.queue = WorkQueue[str]()
-    memo.workers = asyncio.create_task(Workers(memo.queue, caches, kube, RESYNC_SECONDS).run(), name="reconcile")
+    memo.workers = asyncio.create_task(Workers(memo.queue, caches, kube, RESYNC_SECONDS).run(WORKERS), name="reconcile")
 
 
 @kopf.on.cleanup()

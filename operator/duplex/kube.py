@@ -25,7 +25,9 @@ log = logging.getLogger("duplex.kube")
 REQUEST_TIMEOUT = (10.0, 60.0)  # connect, read (seconds)
 
 
-def load_config(kubeconfig: str | None = None) -> client.ApiClient:
+def load_config(kubeconfig: str | None = None, connections: int = 10) -> client.ApiClient:
+    """The API client, keeping up to `connections` connections open (one per reconcile worker): past the pool's size
+    urllib3 opens and drops a connection per request, a TLS handshake each time."""
     if kubeconfig:
         config.load_kube_config(config_file=kubeconfig)
     else:
@@ -33,7 +35,9 @@ def load_config(kubeconfig: str | None = None) -> client.ApiClient:
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config()
-    return client.ApiClient()
+    cfg = client.Configuration.get_default_copy()
+    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, connections)
+    return client.ApiClient(cfg)
 
 
 def object_path(kind: ChildKind, namespace: str, name: str) -> str:

@@ -11,6 +11,13 @@ import kopf
 from prometheus_client import start_http_server
 
 
+def _workers(text: str) -> int:
+    n = int(text)
+    if not 1 <= n <= 64:
+        raise argparse.ArgumentTypeError(f"{n} is not between 1 and 64")
+    return n
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="duplex operator", description="Reconcile DisaggregatedServings.")
     scope = parser.add_mutually_exclusive_group()
@@ -20,6 +27,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port (0: off)")
     parser.add_argument("--health-port", type=int, default=8081, help="liveness endpoint port (0: off)")
     parser.add_argument("--resync-seconds", type=float, help="periodic resync interval (default 60)")
+    parser.add_argument("--workers", type=_workers, help="parents reconciled at once, 1-64 (default 8)")
     parser.add_argument("--verbose", "-v", action="store_true")
     args = parser.parse_args(argv)
 
@@ -31,6 +39,8 @@ def main(argv: list[str]) -> int:
         os.environ["KUBECONFIG"] = args.kubeconfig
     if args.resync_seconds:
         os.environ["DUPLEX_RESYNC_SECONDS"] = str(args.resync_seconds)
+    if args.workers:
+        os.environ["DUPLEX_WORKERS"] = str(args.workers)
     import duplex.handlers  # noqa: F401  (registers the handlers)
 
     if args.metrics_port:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,10 @@ MAX_BACKOFF_SECONDS = 60.0
 # How long the watch gets to bring back what a pass wrote before the next pass of that parent; passes sooner than
 # that would see the cache without their own writes and repeat them (harmless, but a wasted request).
 SETTLE_SECONDS = 0.5
-CONCURRENCY = 4
+# Parents reconciled at once (`duplex operator --workers`). A burst of creates is bound by the writes in flight: on
+# the 2-core local control plane 200 servings were all Ready in 75-82 s with 4, 59 s with 8, 54-62 s with 12 (a few
+# repeated status writes), 77 s with 16 (the cores saturated; docs/benchmarks.md).
+CONCURRENCY = 8
 
 Cache = Mapping[str, Iterable[dict[str, Any]]]  # a kopf index: uid -> the objects stored under it
 
@@ -66,9 +70,15 @@ class Workers:
     resync_seconds: float
     _failures: dict[str, int] = field(default_factory=dict)
     _names: dict[str, tuple[str, str]] = field(default_factory=dict)  # uid -> (namespace, name), for metrics
+    _threads: ThreadPoolExecutor | None = None
 
     async def run(self, concurrency: int = CONCURRENCY) -> None:
-        await asyncio.gather(*(self._work() for _ in range(concurrency)))
+        # Their own threads: the loop's default pool has min(32, cores + 4), fewer than the workers can be.
+        self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix="reconcile")
+        try:
+            await asyncio.gather(*(self._work() for _ in range(concurrency)))
+        finally:
+            self._threads.shutdown(wait=False)
 
     async def _work(self) -> None:
         while True:
@@ -92,7 +102,10 @@ class Workers:
         self._names[uid] = (meta["namespace"], meta["name"])
         metrics.SERVINGS.set(len(self.caches.servings))
         try:
-            outcome = await asyncio.to_thread(reconcile_once, self.kube, parent, self.caches.observed(uid))
+            observed = self.caches.observed(uid)
+            outcome = await asyncio.get_running_loop().run_in_executor(
+                self._threads, reconcile_once, self.kube, parent, observed
+            )
         except ApiError as err:
             failures = self._failures[uid] = self._failures.get(uid, 0) + 1
             delay = retry_delay(err, failures, self.resync_seconds)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -49,7 +50,7 @@ VARIANTS = {
     "namespaced-monitoring": {**NAMESPACED, **ALL_MONITORING},
     "tuned": {
         "image": {"digest": "sha256:" + "ab" * 32},
-        "operator": {"resyncSeconds": 15, "verbose": True, "metricsPort": 9090, "healthPort": 9091},
+        "operator": {"resyncSeconds": 15, "workers": 8, "verbose": True, "metricsPort": 9090, "healthPort": 9091},
         "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/duplex"}},
         "podLabels": {"team": "ml-platform"},
         "priorityClassName": "system-cluster-critical",
@@ -253,7 +254,9 @@ def test_operator_args_run_the_real_cli(variant: str, tmp_path: Path, monkeypatc
     # main() sets these; monkeypatch puts back what was there.
     for name, value in (("DUPLEX_KUBECONFIG", ""), ("KUBECONFIG", ""), ("DUPLEX_RESYNC_SECONDS", "60")):
         monkeypatch.setenv(name, value)
+    monkeypatch.delenv("DUPLEX_WORKERS", raising=False)
     assert operator_cli.main(container["args"]) == 0
+    assert os.environ.get("DUPLEX_WORKERS") == (str(values["operator"]["workers"]) if "operator" in values else None)
     watched = values.get("watchNamespaces", [])
     assert started["clusterwide"] is (not watched) and started["namespaces"] == watched
     port = values.get("operator", {}).get("healthPort", 8081)

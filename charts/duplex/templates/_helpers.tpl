@@ -84,6 +84,10 @@ cluster-wide on workloads. Picked from the one list by resource, never retyped. 
 - --resync-seconds
 - {{ .Values.operator.resyncSeconds | quote }}
 {{- end }}
+{{- if .Values.operator.workers }}
+- --workers
+- {{ .Values.operator.workers | quote }}
+{{- end }}
 {{- if .Values.operator.verbose }}
 - --verbose
 {{- end }}

@@ -45,10 +45,13 @@ def install_crd_and_rbac(kubectl: Any) -> None:
 class OperatorProcess:
     """One `duplex operator --all-namespaces` process with its own log; restartable."""
 
-    def __init__(self, kubeconfig: Path, log_dir: Path, resync_seconds: float = 2.0) -> None:
+    def __init__(
+        self, kubeconfig: Path, log_dir: Path, resync_seconds: float = 2.0, workers: int | None = None
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.log_path = log_dir / "operator.log"
         self.resync_seconds = resync_seconds
+        self.workers = workers
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
 
@@ -58,6 +61,7 @@ class OperatorProcess:
             sys.executable, "-m", "duplex.cli", "operator", "--all-namespaces",
             "--kubeconfig", str(self.kubeconfig), "--metrics-port", str(self.metrics_port), "--health-port", "0",
             "--resync-seconds", str(self.resync_seconds),
+            *(["--workers", str(self.workers)] if self.workers else []),
         ]  # fmt: skip
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with open(self.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
