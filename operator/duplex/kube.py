@@ -98,6 +98,15 @@ class Kube:
         path = _child_path(obj).rsplit("/", 1)[0]
         return self._request("POST", path, body=obj, query=[("fieldManager", FIELD_MANAGER)])
 
+    def get(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """A child as stored, or None if there is none."""
+        try:
+            return self._request("GET", _child_path(obj))
+        except ApiError as err:
+            if err.failure is not Failure.NOT_FOUND:
+                raise
+            return None
+
     def delete(self, obj: dict[str, Any]) -> None:
         """Delete a child; its own children (pods, ReplicaSets) go in the background. Already gone is fine."""
         try:

@@ -14,7 +14,7 @@ from duplex import metrics, status
 from duplex.apierrors import ApiError
 from duplex.children.engine_key import with_fresh_key
 from duplex.children.kinds import CHILD_KINDS
-from duplex.converge import key
+from duplex.converge import key, owned_by
 from duplex.kube import Kube
 from duplex.sync import sync
 
@@ -52,7 +52,7 @@ def _reconcile(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Mapping
     current = {key(dict(o)): o for o in observed}
     made = []
     for obj in result.create:  # before the Deployments that read it
-        created = _create_once(kube, obj)
+        created = _create_once(kube, parent, obj)
         current[key(obj)] = created or obj
         made += [_without_data(created)] if created else []
         metrics.WRITES.labels("create", obj["kind"]).inc()
@@ -87,15 +87,31 @@ def _reconcile(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Mapping
     return out
 
 
-def _create_once(kube: Kube, secret: dict[str, Any]) -> dict[str, Any] | None:
-    """Create the engine key Secret with a fresh random key, and return it as stored; one that exists already (the
-    watch had not brought it yet) keeps its key, and None is returned."""
+class ForeignSecret(ApiError):
+    """The engine key Secret's name is taken by a Secret this serving does not own."""
+
+
+def _create_once(kube: Kube, parent: Mapping[str, Any], secret: dict[str, Any]) -> dict[str, Any] | None:
+    """Create the engine key Secret with a fresh random key, and return it as stored. If the name is taken by this
+    serving's own Secret (the watch had not brought it yet), it keeps its key and None is returned; if by a Secret
+    of someone else's, the workloads cannot start (their pods would read a key the router does not hold): the pass
+    stops with a Warning Event on the serving, and retries with backoff."""
     try:
         return kube.create(with_fresh_key(secret))
     except ApiError as err:
         if err.reason != "AlreadyExists":
             raise
-        return None
+    existing = kube.get(secret)
+    if existing is None or owned_by(existing, parent["metadata"]["uid"]):
+        return None  # gone meanwhile (the next pass creates it) or ours
+    owners = ", ".join(f"{o.get('kind')}/{o.get('name')}" for o in existing["metadata"].get("ownerReferences") or [])
+    whose = f"owned by {owners}" if owners else "no owner"
+    message = (
+        f"Secret {secret['metadata']['name']} exists and is not this serving's ({whose}): the engines and the "
+        "router wait for their key. Delete or rename that Secret; the operator then creates its own."
+    )
+    kube.post_event(dict(parent), "Warning", "EngineKeyConflict", message)
+    raise ForeignSecret(status=409, reason="AlreadyExists", message=message)
 
 
 def _without_data(secret: dict[str, Any]) -> dict[str, Any]:

@@ -605,7 +605,6 @@ def test_operator_identity_is_least_privilege(op, cluster, kubectl):
         name, _, sub = res.partition("/")
         allowed.append((verb, f"{name}.{group}" + (f"/{sub}" if sub else "") if group else res))
     denied = [
-        ("get", "secrets"),
         ("patch", "secrets"),  # the engine key is created once, never changed
         ("update", "secrets"),
         ("get", "pods"),  # engine pods are watched for their preflight reports, never read one by one
@@ -794,6 +793,28 @@ def test_the_engines_are_fenced_and_keyed_on_the_api_server(op, kubectl, namespa
     # engines and router roll together onto the new key, so no pod holds the old one
     wait_for(lambda: key_uids() == {new_uid}, timeout=60, what="workloads rolled onto the new key")
     wait_for(lambda: is_ready(kubectl, namespace), timeout=120, what="Ready on the new key")
+
+
+def test_a_key_secret_name_taken_by_someone_else_is_reported_and_then_given_back(op, kubectl, namespace, wait_for):
+    """A Secret of the user's already named <serving>-engine-key: no workload starts on a key the router does not hold,
+    a Warning Event says what to do; once it is gone, the operator makes its own and the serving becomes Ready."""
+    kubectl("-n", namespace, "create", "secret", "generic", "qwen3-32b-engine-key", "--from-literal=api-key=theirs")
+    kubectl.apply(seed(namespace))
+
+    def warnings() -> list[dict[str, Any]]:
+        events = kubectl.json("-n", namespace, "get", "events")["items"]
+        return [e for e in events if e["reason"] == "EngineKeyConflict"]
+
+    wait_for(lambda: bool(warnings()), timeout=60, what="an EngineKeyConflict Event")
+    (warning, *_) = warnings()
+    assert warning["type"] == "Warning" and warning["involvedObject"]["name"] == "qwen3-32b"
+    assert "Secret qwen3-32b-engine-key exists and is not this serving's (no owner)" in warning["message"]
+    assert "theirs" not in json.dumps(warnings())
+    assert children(kubectl, namespace)["deployment"] == []
+    kubectl("-n", namespace, "delete", "secret", "qwen3-32b-engine-key")
+    wait_for(lambda: is_ready(kubectl, namespace), timeout=180, what="Ready=True with the operator's own key")
+    key, _ = secret_key(kubectl, namespace)
+    assert key != "theirs" and len(key) >= 43
 
 
 def test_a_fabric_override_is_accepted_with_a_warning(op, kubectl, namespace, wait_for):

@@ -13,8 +13,9 @@ from typing import Any
 # What the operator does with a child kind: kopf watches it (an initial LIST, then WATCH), server-side apply
 # PATCHes it (and needs `create` when the object does not exist yet), stale children are deleted.
 CHILD_VERBS = ("list", "watch", "create", "patch", "delete")
-# A kind the operator only creates once and never changes (the engine key Secret): no patch.
-CREATE_ONLY_VERBS = ("list", "watch", "create", "delete")
+# A kind the operator only creates once and never changes (the engine key Secret): no patch. `get` tells one of its
+# own that the watch has not brought yet from someone else's of the same name (list and watch can read it anyway).
+CREATE_ONLY_VERBS = ("list", "watch", "get", "create", "delete")
 
 
 @dataclass(frozen=True)

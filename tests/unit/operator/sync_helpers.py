@@ -102,10 +102,12 @@ BAD = parent({"router": {"conversation": {"ttl": 480}}})  # not strictly below d
 class RecordingKube:
     """Records each write; answers like the API server would (the object as stored)."""
 
-    def __init__(self, fail_apply: ApiError | None = None, exists: bool = False) -> None:
+    def __init__(self, fail_apply: ApiError | None = None, exists: bool = False, owner: str | None = UID) -> None:
         self.calls: list[tuple[str, str]] = []
         self.fail_apply = fail_apply
-        self.exists = exists  # create answers AlreadyExists
+        self.exists = exists  # create answers AlreadyExists, and get the Secret with this `owner` uid (None: no owner)
+        self.owner = owner
+        self.messages: list[str] = []
         self.created: list[dict[str, Any]] = []
         self.applied: list[dict[str, Any]] = []
 
@@ -127,6 +129,13 @@ class RecordingKube:
         stored["metadata"]["resourceVersion"] = "8"
         return stored
 
+    def get(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        self.calls.append(("get", *refs([obj])))
+        if not self.exists:
+            return None
+        owners = [{"kind": "DisaggregatedServing", "name": "other", "uid": self.owner}] if self.owner else []
+        return {**obj, "metadata": {**obj["metadata"], "ownerReferences": owners}}
+
     def delete(self, obj: dict[str, Any]) -> None:
         self.calls.append(("delete", *refs([obj])))
 
@@ -136,3 +145,4 @@ class RecordingKube:
 
     def post_event(self, parent: dict[str, Any], type_: str, reason: str, message: str) -> None:
         self.calls.append(("event", f"{type_}/{reason}"))
+        self.messages.append(message)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from sync_helpers import ALL, BAD, FIRST, KEY_SECRET, LIVE, LOADING, READY, P, RecordingKube, stale
 
-from duplex.apierrors import ApiError
-from duplex.reconcile import reconcile_once
+from duplex.apierrors import ApiError, Failure
+from duplex.reconcile import ForeignSecret, reconcile_once
 
 
 def with_status(parent: dict[str, Any], status: dict[str, Any] | None) -> dict[str, Any]:
@@ -46,6 +46,20 @@ def test_the_shell_draws_a_fresh_random_key_and_keeps_an_existing_one() -> None:
     kube = RecordingKube(exists=True)
     outcome = reconcile_once(kube, P, [])  # type: ignore[arg-type]
     assert kube.created == [] and outcome.applied == [KEY_SECRET, *FIRST]
+    assert ("get", KEY_SECRET) in kube.calls
+
+
+@pytest.mark.parametrize("owner", [None, "uid-of-another-serving"])
+def test_a_key_secret_name_taken_by_someone_else_stops_the_pass_with_a_warning(owner: str | None) -> None:
+    kube = RecordingKube(exists=True, owner=owner)
+    with pytest.raises(ForeignSecret, match="exists and is not this serving's") as raised:
+        reconcile_once(kube, P, [])  # type: ignore[arg-type]
+    assert raised.value.failure is Failure.TRANSIENT  # retried with backoff: deleting the Secret lets it go on
+    assert kube.applied == []  # no workload waits on a key it cannot have; nothing else half-applied
+    assert kube.calls[-1] == ("event", "Warning/EngineKeyConflict")
+    (message,) = kube.messages
+    assert ("owned by DisaggregatedServing/other" in message) is (owner is not None)
+    assert "Delete or rename that Secret" in message
 
 
 def test_a_converged_parent_makes_no_call_at_all() -> None:
