@@ -48,6 +48,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "leaves_prefill_stuck: leaves a request hanging on the shared prefill engine (runs last)"
     )
+    config.addinivalue_line(
+        "markers", "own_engines: starts and stops engines of its own (runs first, before the session's start)"
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -66,9 +69,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         (item for item in ours if item.get_closest_marker("leaves_prefill_stuck")),
         key=lambda item: item.get_closest_marker("leaves_prefill_stuck").kwargs.get("order", 0),
     )
-    rest = [item for item in ours if item not in stuck]
+    first = [item for item in ours if item.get_closest_marker("own_engines")]
+    rest = [item for item in ours if item not in stuck and item not in first]
     mine = set(map(id, ours))
-    items[:] = [item for item in items if id(item) not in mine] + rest + stuck
+    items[:] = [item for item in items if id(item) not in mine] + first + rest + stuck
 
 
 @pytest.hookimpl(wrapper=True)
