@@ -760,7 +760,10 @@ def test_the_engines_are_fenced_and_keyed_on_the_api_server(op, kubectl, namespa
         assert peer_rule["ports"][0] == {"protocol": "TCP", "port": 5600}
         assert {(p["port"], p.get("endPort")) for p in peer_rule["ports"][1:]} == {(1024, 7999), (8001, 65535)}
     router_policy = kubectl.json("-n", namespace, "get", "networkpolicy", "qwen3-32b-router")["spec"]
-    assert router_policy["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8000}]}]
+    (api_rule, admin_rule) = router_policy["ingress"]
+    assert api_rule == {"ports": [{"protocol": "TCP", "port": 8000}]}  # the API edge: open
+    assert admin_rule["ports"] == [{"protocol": "TCP", "port": 9090}]  # /metrics and the topology: scrapers only
+    assert admin_rule["from"] == scrape_rule["from"]
 
     key, version = secret_key(kubectl, namespace)
     assert len(key) >= 43
