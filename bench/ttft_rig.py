@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from duplex_dev import processes
-from duplex_dev.launch.engine_key import DEV_ENGINE_KEY
+from duplex_dev.launch.engine_key import DEV_ENGINE_AUTH
 from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.vllm import Change, VllmEngine
 
@@ -28,9 +28,6 @@ EXTERNAL = "vllm:prompt_tokens_by_source_total"
 
 class TurnError(RuntimeError):
     pass
-
-
-ENGINE_AUTH = {"authorization": f"Bearer {DEV_ENGINE_KEY}"}  # what the router sends; engines refuse /v1 without it
 
 
 def post(url: str, body: dict[str, Any], timeout: float = 900, headers: dict[str, str] | None = None) -> dict[str, Any]:
@@ -170,7 +167,7 @@ def warm(prefills: list[VllmEngine], body: dict[str, Any], prefix: list[dict[str
         return
     warm_body = {**body, "messages": prefix, "max_tokens": 1, "add_generation_prompt": False}
     for p in prefills:
-        post(p.url + "/v1/chat/completions", warm_body, headers=ENGINE_AUTH)
+        post(p.url + "/v1/chat/completions", warm_body, headers=DEV_ENGINE_AUTH)
 
 
 def measure(

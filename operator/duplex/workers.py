@@ -24,9 +24,8 @@ MAX_BACKOFF_SECONDS = 60.0
 # How long the watch gets to bring back what a pass wrote before the next pass of that parent; passes sooner than
 # that would see the cache without their own writes and repeat them (harmless, but a wasted request).
 SETTLE_SECONDS = 0.5
-# Parents reconciled at once (`duplex operator --workers`). A burst of creates is bound by the writes in flight: on
-# the 2-core local control plane 200 servings were all Ready in 75-82 s with 4, 59 s with 8, 54-62 s with 12 (a few
-# repeated status writes), 77 s with 16 (the cores saturated; docs/benchmarks.md).
+# Parents reconciled at once (`duplex operator --workers`): a burst of creates is bound by the writes in flight;
+# docs/benchmarks.md ("Operator benchmark") measures 4 to 16.
 CONCURRENCY = 8
 
 Cache = Mapping[str, Iterable[dict[str, Any]]]  # a kopf index: uid -> the objects stored under it

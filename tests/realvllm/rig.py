@@ -15,7 +15,7 @@ from typing import Any
 
 from duplex_dev import processes
 from duplex_dev.chat import sse_events
-from duplex_dev.launch.engine_key import DEV_ENGINE_KEY
+from duplex_dev.launch.engine_key import DEV_ENGINE_AUTH
 from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.vllm import CPU_BLOCK_SIZE, VllmEngine
 
@@ -80,7 +80,7 @@ def post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None, 
     """POST JSON. Without `headers`, a request straight to an engine carries the engine key as the router's legs do;
     `headers={}` sends none."""
     if headers is None and any(url.startswith(base + "/") for base in _KEYED):
-        headers = {"Authorization": f"Bearer {DEV_ENGINE_KEY}"}
+        headers = DEV_ENGINE_AUTH
     req = urllib.request.Request(
         url, data=json.dumps(body).encode(), headers={"content-type": "application/json", **(headers or {})}
     )

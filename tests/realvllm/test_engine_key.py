@@ -4,12 +4,12 @@ router, which holds the key, still serves."""
 
 from __future__ import annotations
 
-from duplex_dev.launch.engine_key import DEV_ENGINE_KEY
+from duplex_dev.launch.engine_key import DEV_ENGINE_AUTH
 
 from .rig import chat, chat_body, get, post
 
 MESSAGES = [{"role": "user", "content": "Say hello."}]
-WITH_KEY = {"Authorization": f"Bearer {DEV_ENGINE_KEY}"}
+WITH_KEY = DEV_ENGINE_AUTH
 
 
 def test_engines_refuse_v1_without_the_key(engines) -> None:

@@ -7,5 +7,7 @@ from __future__ import annotations
 from duplex.children.engine_key import ENGINE_ENV, ROUTER_ENV
 
 DEV_ENGINE_KEY = "duplex-dev-engine-key"
+# What the router sends, for callers that go to the engines around it (engines refuse /v1 without it).
+DEV_ENGINE_AUTH = {"Authorization": f"Bearer {DEV_ENGINE_KEY}"}
 
-__all__ = ["DEV_ENGINE_KEY", "ENGINE_ENV", "ROUTER_ENV"]
+__all__ = ["DEV_ENGINE_AUTH", "DEV_ENGINE_KEY", "ENGINE_ENV", "ROUTER_ENV"]
