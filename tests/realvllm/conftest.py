@@ -12,11 +12,15 @@ the others' health probes and NIXL handshakes past every bound in CI:
 Routers: `router` knows decode's TTL (conversation TTL below it, as the operator renders); `stale_router` believes
 decode keeps blocks longer than any engine restart in this tier takes.
 
+A test that leaves prefill stuck and then needs a new engine (the decode restart) runs first, on a pair of its own
+(`own_engines`), which stops with it.
+
 A missing CPU vLLM install or model is a failure, never a skip (in CI and locally), with the set-up hint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -61,10 +65,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # This tier runs last in the session: its engines live until the session ends, and a decode engine that retains
     # blocks busy-steps about a core for decoder_kv_blocks_ttl (docs/architecture.md), which starved the
     # timing-sensitive tiers that used to run after it. Within it, a test that leaves a request
-    # stuck on prefill (rig.REPLAY_SECONDS: vLLM 0.32 leaves a failed read waiting) runs last of all.
-    # Those run in their marker's `order`: the decode restart first, while prefill holds no stuck read (a stuck read
-    # keeps prefill's engine core and worker stepping on both cores, and a restart then took over 10 minutes), then
-    # the engine-side expiry, which needs no new engine.
+    # stuck on the session's prefill (rig.REPLAY_SECONDS: vLLM 0.32 leaves a failed read waiting) runs last of all,
+    # in its marker's `order`; a test that needs a new engine beside such a read has a pair of its own
+    # (`own_engines`: a stuck read steps prefill on both cores, and a decode restart beside it took 5 to 10 minutes).
     stuck = sorted(
         (item for item in ours if item.get_closest_marker("leaves_prefill_stuck")),
         key=lambda item: item.get_closest_marker("leaves_prefill_stuck").kwargs.get("order", 0),
@@ -114,8 +117,10 @@ class Engines:
         return [self.prefill, self.decode]
 
 
-@pytest.fixture(scope="session")
-def engines(model_dir: Path, request: pytest.FixtureRequest) -> Iterator[Engines]:
+@contextlib.contextmanager
+def engine_pair(request: pytest.FixtureRequest) -> Iterator[Engines]:
+    """Prefill and decode as described above, started together, warmed up and calmed; stopped on exit, their logs
+    kept when a test of the session failed."""
     # Logs are kept: rig.Counters counts prefill's declined reads in its log, and a failure shows their tails.
     prefill = VllmEngine("prefill", prefix_caching=False, keep_log=True)
     decode = VllmEngine("decode", kv_extra={"decoder_kv_blocks_ttl": DECODE_TTL}, keep_log=True)
@@ -151,6 +156,23 @@ def engines(model_dir: Path, request: pytest.FixtureRequest) -> Iterator[Engines
                 print(f"realvllm: {engine.role} log kept: {engine.log_path}")
             else:
                 engine.log_path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def engines(model_dir: Path, request: pytest.FixtureRequest) -> Iterator[Engines]:
+    """The session's pair, shared by every test but those marked `own_engines`."""
+    with engine_pair(request) as pair:
+        yield pair
+
+
+@pytest.fixture
+def own_engines(model_dir: Path, request: pytest.FixtureRequest) -> Iterator[Engines]:
+    """A pair of the test's own, for a test that leaves prefill holding a read vLLM 0.32 never finishes: that read
+    steps prefill's engine core and worker on both cores until the engine stops, which slowed every later test (a
+    decode restart beside it took 5 to 10 minutes). Mark the test `own_engines` too, so it runs before the session's
+    pair starts and this pair has the machine to itself."""
+    with engine_pair(request) as pair:
+        yield pair
 
 
 def _warm_up(prefill: VllmEngine, decode: VllmEngine) -> float:
@@ -212,7 +234,15 @@ def canary_router(engines: Engines) -> Iterator[RouterProcess]:
 @pytest.fixture(scope="session")
 def stale_router(engines: Engines) -> Iterator[RouterProcess]:
     """A router that believes decode keeps blocks far longer than rig.DECODE_TTL: it replays entries whose blocks the
-    engine has dropped (the expiry test), or that died with a restarted engine."""
+    engine has dropped (the expiry test)."""
     with _router(engines.prefill, engines.decode, STALE_TTL) as r:
+        wait_ready_engines(r)
+        yield r
+
+
+@pytest.fixture
+def own_stale_router(own_engines: Engines) -> Iterator[RouterProcess]:
+    """`stale_router` in front of the test's own pair: it replays entries that died with a restarted engine."""
+    with _router(own_engines.prefill, own_engines.decode, STALE_TTL) as r:
         wait_ready_engines(r)
         yield r

@@ -26,14 +26,16 @@ from .rig import (
 # engine's first read of prefill's blocks. With prefill stepping its stuck read on both cores, that first decode
 # request took over 2 minutes in a local run ("No available shared memory broadcast block found in 60 seconds").
 AFTER_RESTART_SECONDS = 600
+PAIR_START_SECONDS = 600  # the test's own pair: start, warm-up and its router
 
 
-@pytest.mark.leaves_prefill_stuck(order=1)
-@pytest.mark.timeout(RESTART_SECONDS + AFTER_RESTART_SECONDS + 600)
-def test_decode_killed_and_restarted(engines, stale_router):
-    """Through the router that believes the rendered TTL: a restart can take longer than the tier's decode TTL, and
-    the entry of the dead engine must still be replayed."""
-    router = stale_router
+@pytest.mark.own_engines
+@pytest.mark.timeout(PAIR_START_SECONDS + RESTART_SECONDS + AFTER_RESTART_SECONDS + 600)
+def test_decode_killed_and_restarted(own_engines, own_stale_router):
+    """Through a router that believes decode keeps blocks longer than any restart takes: the entry of the dead engine
+    is replayed. On its own pair, which has the machine to itself: the replay leaves prefill stepping a read vLLM 0.32
+    never finishes, and that pair stops with the test."""
+    engines, router = own_engines, own_stale_router
     conv = f"restart-{uuid.uuid4().hex}"
     messages = [{"role": "user", "content": LONG}]
     messages.append({"role": "assistant", "content": chat(router.url, messages, conv).text})
@@ -55,10 +57,12 @@ def test_decode_killed_and_restarted(engines, stale_router):
     finally:
         delta = Counters.read(engines.prefill, router) - before
         print(f"\nturn after the decode restart: {delta}")
-        assert delta.failed == 1, "prefill did not see its read of the dead engine's blocks fail"
+        # Prefill tries the read and it fails, or, when the restart took longer than the blocks' expiry that the
+        # dead engine put in its kv_transfer_params (rig.DECODE_TTL), it declines to read (CI: a 5-minute restart).
+        assert delta.failed + delta.declined == 1, "prefill neither failed nor declined its read of the dead engine"
         assert get(router.url + "/health")[0] == 200  # the router keeps serving
-    # The router still held the entry of the engine that died and replayed it; vLLM 0.32 leaves the failed read
-    # waiting, so the router abandoned it (rig.REPLAY_SECONDS) and prefill recomputed.
+    # The router still held the entry of the engine that died and replayed it; vLLM 0.32 leaves the failed (or
+    # declined) read waiting, so the router abandoned it (rig.REPLAY_SECONDS) and prefill recomputed.
     assert delta.misses.get("prefill_retry") == 1 and delta.hits == 0
     assert delta.external == 0, "prefill claims it read blocks that died with the engine"
     assert_same_answer(result, chat(engines.prefill.url, messages))
