@@ -123,7 +123,8 @@ class ClientLimitsConfig(_Strict):
 
 class PlacementConfig(_Strict):
     """How the prefill engine of a leg is chosen. `cost` picks the engine that can start the leg soonest: the
-    compute already queued on it (each leg in flight: its new tokens at the compute rate, and a fixed part), plus
+    compute still ahead of it (each leg in flight: its new tokens at the compute rate less what the engine has
+    worked off since, and a fixed part), plus
     reading the conversation's blocks from decode, which the engine of the previous turn (whose prefix cache may hold
     them) does not have to do (router/leg_costs.py). Its rates come from here until the router's calibration has a
     fit, then from the fit."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,11 +38,24 @@ class Engine:
     role: str
     inflight: int = 0
     queued_seconds: float = 0.0  # the compute its legs in flight are expected to take (router/leg_costs.py)
+    # Of that, what was still ahead at _backlog_at: an engine works through its legs, so a leg that has run for a
+    # while counts only its remainder (backlog_seconds).
+    _backlog: float = field(default=0.0, repr=False)
+    _backlog_at: float = field(default=0.0, repr=False)
     healthy: bool | None = None  # None: not probed yet
     last_error: str | None = None
     # Decode: whether its last answer, streamed (True) or not (False), carried kv_transfer_params.
     sends_params: dict[bool, bool] = field(default_factory=dict)
     _gauge: Any = field(default=None, repr=False)
+
+    def backlog_seconds(self, now: float | None = None) -> float:
+        """The compute still ahead of a leg sent now: the expected seconds of the legs in flight less what the engine
+        has worked off since they came, at a second a second (it computes one step at a time)."""
+        now = time.monotonic() if now is None else now
+        return max(0.0, self._backlog - (now - self._backlog_at))
+
+    def _set_backlog(self, seconds: float, now: float) -> None:
+        self._backlog, self._backlog_at = seconds, now
 
     def saw_params(self, stream: bool, present: bool) -> None:
         """Note whether a decode answer carried kv_transfer_params; say so in the log when an engine stops sending
@@ -124,15 +138,20 @@ class EnginePool:
     @contextmanager
     def busy(self, engine: Engine, seconds: float = 0.0) -> Iterator[Engine]:
         """Count a leg, and the compute it is expected to take, against the engine while it runs."""
+        now = time.monotonic()
         engine.inflight += 1
         engine.queued_seconds += seconds
+        engine._set_backlog(engine.backlog_seconds(now) + seconds, now)
         if engine._gauge is not None:
             engine._gauge.inc()
         try:
             yield engine
         finally:
+            now = time.monotonic()
             engine.inflight -= 1
             engine.queued_seconds = max(0.0, engine.queued_seconds - seconds)
+            # what is left is at most what the legs still in flight were expected to take
+            engine._set_backlog(min(engine.backlog_seconds(now), engine.queued_seconds), now)
             if engine._gauge is not None:
                 engine._gauge.dec()
 

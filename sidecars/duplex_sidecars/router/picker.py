@@ -4,7 +4,7 @@ A placement policy is one more scorer: it sees each candidate and what the pipel
 (`Hints`) and adds to its score. Decode: the engine that holds the conversation's blocks first, then healthy before
 not-yet-probed, then the fewest legs in flight. Prefill (`placement.prefill`): the fewest legs in flight
 (least_outstanding, the default), each engine in turn (round_robin), or the least expected cost (cost: the compute
-already queued on it, plus reading the conversation's blocks from decode unless it is the engine whose prefix
+still ahead of it, plus reading the conversation's blocks from decode unless it is the engine whose prefix
 cache holds the previous turn). Ties are broken at random, or in turn for round_robin.
 """
 
@@ -56,14 +56,14 @@ TIERS: tuple[Tier, ...] = (
 
 
 def cost(rates: Callable[[], Rates]) -> Scorer:
-    """Minus the expected seconds before this engine can start the leg: the compute queued on it and a fixed part
-    per leg in flight, plus reading the conversation's blocks from decode, which the engine of the previous turn
-    skips for what its prefix cache still holds. The leg's own compute is the same on every engine, so it is left
-    out."""
+    """Minus the expected seconds before this engine can start the leg: the compute still ahead of it (its legs in
+    flight less what it has worked off) and a fixed part per leg in flight, plus reading the conversation's blocks
+    from decode, which the engine of the previous turn skips for what its prefix cache still holds. The leg's own
+    compute is the same on every engine, so it is left out."""
 
     def score(engine: Engine, hints: Hints) -> float:
         r = rates()
-        wait = engine.queued_seconds + engine.inflight * r.per_leg
+        wait = engine.backlog_seconds() + engine.inflight * r.per_leg
         if hints.tokens and engine.url != hints.sticky:
             wait += r.read_latency + hints.tokens * r.read_per_token
         return -wait

@@ -3,6 +3,7 @@ unprobed, fewest in flight), ties at random."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 from duplex_sidecars.router.endpoints import DECODE, EnginePool
@@ -120,9 +121,11 @@ def test_least_outstanding_ignores_the_previous_prefill():
 
 
 def queued(*seconds: float) -> EnginePool:
+    """One leg in flight on each engine, just sent, expected to compute `seconds`."""
     p = prefills(*([1] * len(seconds)))
     for engine, s in zip(p.engines.values(), seconds, strict=True):
         engine.queued_seconds = s
+        engine._set_backlog(s, time.monotonic())
     return p
 
 
@@ -147,4 +150,35 @@ def test_a_leg_counts_its_expected_compute_while_it_runs():
     engine = pool.engines["http://p0"]
     with pool.busy(engine, 1.5):
         assert (engine.inflight, engine.queued_seconds) == (1, 1.5)
-    assert (engine.inflight, engine.queued_seconds) == (0, 0.0)
+        assert 1.4 < engine.backlog_seconds() <= 1.5
+    assert (engine.inflight, engine.queued_seconds, engine.backlog_seconds()) == (0, 0.0, 0.0)
+
+
+def test_the_backlog_is_worked_off_as_the_engine_computes(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr("duplex_sidecars.router.endpoints.time.monotonic", lambda: clock[0])
+    pool = prefills(0)
+    p0 = pool.engines["http://p0"]
+    first, second = pool.busy(p0, 4.0), pool.busy(p0, 2.0)
+    first.__enter__()
+    second.__enter__()
+    assert p0.backlog_seconds() == 6.0
+    clock[0] += 3.0
+    assert p0.backlog_seconds() == 3.0  # 1 s of the first leg and all of the second still ahead
+    first.__exit__(None, None, None)  # done early: no more than the second leg's 2 s can be left
+    assert p0.backlog_seconds() == 2.0
+    clock[0] += 5.0
+    assert p0.backlog_seconds() == 0.0 and p0.inflight == 1  # overran its estimate: nothing more is expected
+    second.__exit__(None, None, None)
+
+
+def test_cost_counts_only_what_is_left_of_a_leg_that_has_been_running(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr("duplex_sidecars.router.endpoints.time.monotonic", lambda: clock[0])
+    pool = prefills(0, 0)
+    p0, p1 = pool.engines.values()
+    with pool.busy(p1, 4.0):
+        clock[0] += 3.5
+        with pool.busy(p0, 2.0):
+            # p1's 4 s leg has 0.5 s left, p0's 2 s leg has just started: p1 can start the next leg sooner.
+            assert COST.pick(pool, Hints()).url == "http://p1"
