@@ -342,10 +342,13 @@ def main(argv: list[str]) -> int:
             operator.wait(15)
         if args.down:
             cluster.down()
-    say(
-        f"done. The cluster is still up: export KUBECONFIG={cluster.kubeconfig}; "
-        f"kubectl -n {NAMESPACE} get dsv. Stop it with: .venv/bin/duplex-dev cluster down"
-    )
+    if args.down:
+        say("done. The local control plane is stopped.")
+    else:
+        say(
+            f"done. The cluster is still up: export KUBECONFIG={cluster.kubeconfig}; "
+            f"kubectl -n {NAMESPACE} get dsv. Stop it with: .venv/bin/duplex-dev cluster down"
+        )
     return 0
 
 
