@@ -98,7 +98,7 @@ bench-operator: $(STAMP)
 	$(PY) bench/operator_bench.py
 
 bench-placement: $(STAMP)
-	$(PY) bench/placement_bench.py --read-back-latency-ms 98,573
+	$(PY) bench/placement_bench.py --read-back-latency-ms profile,0
 
 clean:
 	-$(VENV)/bin/duplex-dev cluster down

@@ -63,8 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", default=PROFILE, help="the simulator's cost profile")
     p.add_argument(
         "--read-back-latency-ms",
-        help="fixed parts of a read back to run, comma-separated, each a variant of the profile (default: the "
-        "profile's own)",
+        help="fixed parts of a read back to run, comma-separated, each a variant of the profile; `profile` is the "
+        "profile's own (the default)",
     )
     p.add_argument("--time-scale", type=float, default=0.1, help="simulated durations times this (default 0.1)")
     p.add_argument("--think", default="10,60", help="seconds between a reply and the next turn, a range (real scale)")
@@ -83,7 +83,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     lo, hi = (float(x) for x in args.think.split(","))
     args.think = (lo, hi)
     args.shape = QUICK if args.quick else SHAPE
-    args.read_back_latency_ms = [float(x) for x in (args.read_back_latency_ms or "").split(",") if x]
+    try:
+        args.read_back_latency_ms = [
+            None if x == "profile" else float(x) for x in (args.read_back_latency_ms or "profile").split(",") if x
+        ]
+    except ValueError:
+        p.error(f"--read-back-latency-ms: milliseconds or `profile`, not {args.read_back_latency_ms!r}")
     return args
 
 
@@ -287,7 +292,9 @@ def markdown(doc: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     profile = load_profile(args.profile)
-    variants = [profile.replace(read_back_latency_us=ms * 1000) for ms in args.read_back_latency_ms] or [profile]
+    variants = [
+        profile if ms is None else profile.replace(read_back_latency_us=ms * 1000) for ms in args.read_back_latency_ms
+    ]
     started = dt.datetime.now(dt.UTC)
     command = shlex.join(["python", "bench/placement_bench.py", *(argv if argv is not None else sys.argv[1:])])
     runs = []

@@ -7,6 +7,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 
 import placement_bench as bench
+import pytest
 
 from duplex_sidecars.sim.cost import CostModel
 
@@ -50,3 +51,10 @@ def test_cost_placement_starts_from_the_profile_at_the_run_s_time_scale():
     placement = bench.router_config("cost", cost, args)["placement"]
     assert placement["prefill"] == "cost"
     assert placement["read_latency_ms"] == 50.0 and placement["compute_ms_per_1k_tokens"] == 1500.0
+
+
+def test_read_back_variants_name_the_profile_s_own_or_milliseconds():
+    assert bench.parse_args([]).read_back_latency_ms == [None]  # the profile's own
+    assert bench.parse_args(["--read-back-latency-ms", "profile,0"]).read_back_latency_ms == [None, 0.0]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--read-back-latency-ms", "fast"])
