@@ -72,7 +72,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         (item for item in ours if item.get_closest_marker("leaves_prefill_stuck")),
         key=lambda item: item.get_closest_marker("leaves_prefill_stuck").kwargs.get("order", 0),
     )
-    first = [item for item in ours if item.get_closest_marker("own_engines")]
+    first = [
+        item
+        for item in ours
+        if item.get_closest_marker("own_engines") or "own_engines" in getattr(item, "fixturenames", ())
+    ]
     rest = [item for item in ours if item not in stuck and item not in first]
     mine = set(map(id, ours))
     items[:] = [item for item in items if id(item) not in mine] + first + rest + stuck
@@ -169,8 +173,8 @@ def engines(model_dir: Path, request: pytest.FixtureRequest) -> Iterator[Engines
 def own_engines(model_dir: Path, request: pytest.FixtureRequest) -> Iterator[Engines]:
     """A pair of the test's own, for a test that leaves prefill holding a read vLLM 0.32 never finishes: that read
     steps prefill's engine core and worker on both cores until the engine stops, which slowed every later test (a
-    decode restart beside it took 5 to 10 minutes). Mark the test `own_engines` too, so it runs before the session's
-    pair starts and this pair has the machine to itself."""
+    decode restart beside it took 5 to 10 minutes). A test using it runs with those marked `own_engines`, before the
+    session's pair starts, so this pair has the machine to itself."""
     with engine_pair(request) as pair:
         yield pair
 

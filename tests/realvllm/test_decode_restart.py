@@ -29,7 +29,6 @@ AFTER_RESTART_SECONDS = 600
 PAIR_START_SECONDS = 600  # the test's own pair: start, warm-up and its router
 
 
-@pytest.mark.own_engines
 @pytest.mark.timeout(PAIR_START_SECONDS + RESTART_SECONDS + AFTER_RESTART_SECONDS + 600)
 def test_decode_killed_and_restarted(own_engines, own_stale_router):
     """Through a router that believes decode keeps blocks longer than any restart takes: the entry of the dead engine
