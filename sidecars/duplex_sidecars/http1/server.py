@@ -13,16 +13,19 @@ import collections
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 
 import httptools
 
 log = logging.getLogger(__name__)
 
-MAX_HEAD_BYTES = 64 * 1024  # request line and headers
+MAX_HEAD_BYTES = 64 * 1024  # request line and header lines, as on the wire
+# What a head counts before its header lines: the request line around its URL (at least "GET " and " HTTP/1.1\r\n")
+# and the blank line that ends the head.
+_HEAD_FRAMING = 17
 MAX_QUEUED = 8  # pipelined requests parsed ahead of the one being handled before reading pauses
 _DISCARD_LIMIT = 1 << 20  # body bytes read and dropped after an early answer before the connection is cut
 
@@ -34,7 +37,7 @@ class ClientGone(ConnectionError):
 
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
-_date_cache: list[Any] = [0, b""]
+_date_cache: list[tuple[int, bytes]] = [(0, b"")]  # the second and its Date header value
 
 
 def _status_head(status: int) -> bytes:
@@ -48,9 +51,11 @@ def _status_head(status: int) -> bytes:
 
 def _date() -> bytes:
     now = int(time.time())
-    if now != _date_cache[0]:
-        _date_cache[0], _date_cache[1] = now, formatdate(now, usegmt=True).encode()
-    return _date_cache[1]
+    second, value = _date_cache[0]
+    if now != second:
+        value = formatdate(now, usegmt=True).encode()
+        _date_cache[0] = (now, value)
+    return value
 
 
 class Request:
@@ -80,7 +85,7 @@ class Request:
         url: bytes,
         headers: dict[str, str],
         http11: bool,
-        repeated: set[str] | None = None,
+        repeated: Collection[str] | None = None,
     ):
         self._conn = conn
         self._repeated = repeated
@@ -187,11 +192,14 @@ class Request:
 
 
 class Limits:
-    """What the server enforces before a handler runs, so that no client can make it hold more than this:
-    `max_body` (read per request: it can change on reload), an idle timeout per connection, deadlines for a request's
-    head and for its body (from their first byte, however slowly the rest trickles in), and caps on open connections
-    and on requests in handlers (only those `limited` says count; probes and metrics stay answerable). Each refusal
-    is reported to `on_reject` with its reason: connections, inflight, head_timeout, body_timeout."""
+    """What the server enforces, so that no client can make it hold more than this: `max_body` (read per request: it
+    can change on reload), an idle timeout per connection, deadlines for a request's head and for its body (from their
+    first byte, however slowly the rest trickles in), a cap on a head's header fields, caps on open connections and
+    on requests in handlers (only those `limited` says count; probes and metrics stay answerable), and a deadline for
+    a client that stops reading: a connection whose write buffer stays over its high-water mark for
+    `write_stall_seconds` without the client reading any of it is cut, and its handler's next write or drain raises
+    ClientGone. Each refusal is reported to `on_reject` with its reason: connections, inflight, head_timeout,
+    body_timeout, write_timeout."""
 
     def __init__(
         self,
@@ -202,6 +210,8 @@ class Limits:
         body_seconds: float = 60.0,
         max_connections: int = 4096,
         max_inflight: int = 512,
+        max_header_fields: int = 100,
+        write_stall_seconds: float = 60.0,
         limited: Callable[[str, str], bool] = lambda method, path: True,
         on_reject: Callable[[str], None] = lambda reason: None,
     ):
@@ -211,6 +221,8 @@ class Limits:
         self.body_seconds = body_seconds
         self.max_connections = max_connections
         self.max_inflight = max_inflight
+        self.max_header_fields = max_header_fields
+        self.write_stall_seconds = write_stall_seconds
         self.limited = limited
         self.on_reject = on_reject
 
@@ -223,10 +235,13 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self._url = b""
         self._headers: dict[str, str] = {}
-        self._repeated: set[str] | None = None  # names of headers that came more than once
+        # Headers that came more than once: every value, in order, joined once the head is in (joining as each repeat
+        # came would copy all the values before it every time).
+        self._repeated: dict[str, list[str]] | None = None
         self._in_head = False  # between the start of a request and the end of its head
         self._began = False  # ... and the request began in the data being fed now
         self._head_bytes = 0
+        self._fields_left = 0  # header fields the request may still have (its trailer's count too)
         self._body: list[bytes] = []
         self._body_size = 0
         self._too_large = False
@@ -236,6 +251,8 @@ class _Connection(asyncio.Protocol):
         self._continue = False  # a 100 Continue is owed once the requests before it are answered
         self._discard = 0  # >0: an early answer went out; the rest of this body is read and dropped
         self._paused_write = False
+        self._stall: asyncio.TimerHandle | None = None  # cuts a client that leaves the write buffer full
+        self._unsent = 0  # the write buffer's size when `_stall` was set
         self._drain: asyncio.Future[None] | None = None
         self._paused_read = False
         self._idle: asyncio.TimerHandle | None = None
@@ -245,16 +262,16 @@ class _Connection(asyncio.Protocol):
     # ---- transport events ----------------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        stream = self.transport = cast(asyncio.Transport, transport)  # what create_server gives a stream protocol
         limits = self._server.limits
         if len(self._server._conns) >= limits.max_connections:
             limits.on_reject("connections")
             self._last = True
             self.closed = True
-            transport.write(self._server.error_bytes(503, "Too many open connections.", retry_after=True))  # type: ignore[attr-defined]
-            transport.close()
+            stream.write(self._server.error_bytes(503, "Too many open connections.", retry_after=True))
+            stream.close()
             return
-        sock = transport.get_extra_info("socket")
+        sock = stream.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -272,6 +289,9 @@ class _Connection(asyncio.Protocol):
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
+        self._clear_stall()
+        self._queue.clear()  # requests never to be answered, and their bodies
+        self._body = []
         self._wake_drain(ClientGone())
 
     def data_received(self, data: bytes) -> None:
@@ -288,7 +308,7 @@ class _Connection(asyncio.Protocol):
             return
         except httptools.HttpParserCallbackError as exc:  # raised in one of the callbacks below
             if isinstance(exc.__context__, _HeadTooLarge):
-                self._stop_after_queue(431, f"Request head larger than {MAX_HEAD_BYTES} bytes.")
+                self._stop_after_queue(431, str(exc.__context__))
             else:
                 log.error("dropping a client connection after an internal error", exc_info=exc.__context__)
                 self.abort()
@@ -308,9 +328,12 @@ class _Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._paused_write = True
+        if self._stall is None:
+            self._watch_stall()
 
     def resume_writing(self) -> None:
         self._paused_write = False
+        self._clear_stall()
         self._wake_drain(None)
 
     def eof_received(self) -> bool:
@@ -319,13 +342,15 @@ class _Connection(asyncio.Protocol):
     # ---- llhttp callbacks ----------------------------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        self._set_deadline(self._server.limits.head_seconds, "head")
+        limits = self._server.limits
+        self._set_deadline(limits.head_seconds, "head")
         self._url = b""
         self._headers = {}
         self._repeated = None
         self._in_head = True
         self._began = True
-        self._head_bytes = 0
+        self._head_bytes = _HEAD_FRAMING
+        self._fields_left = limits.max_header_fields
         self._body = []
         self._body_size = 0
         self._too_large = False
@@ -335,25 +360,44 @@ class _Connection(asyncio.Protocol):
         self._count(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value))
+        # The line as on the wire: name, ": ", value, CRLF (whitespace llhttp drops before a value is not seen).
+        self._head_bytes += len(name) + len(value) + 4
+        self._fields_left -= 1
+        if self._head_bytes > MAX_HEAD_BYTES or self._fields_left < 0:
+            self._head_too_large()
+        if not self._in_head:
+            return  # a chunked body's trailer: it comes after the head a gateway may have checked, so it is dropped
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
-        old = self._headers.get(key)
-        if old is None:
-            self._headers[key] = text
+        if key in self._headers:
+            self._repeat(key, text)
         else:
-            self._headers[key] = f"{old}, {text}"
-            if self._repeated is None:
-                self._repeated = set()
-            self._repeated.add(key)
+            self._headers[key] = text
+
+    def _repeat(self, key: str, text: str) -> None:
+        if self._repeated is None:
+            self._repeated = {}
+        values = self._repeated.get(key)
+        if values is None:
+            self._repeated[key] = [self._headers[key], text]
+        else:
+            values.append(text)
+
+    def _head_too_large(self) -> None:
+        if self._fields_left < 0:
+            raise _HeadTooLarge(f"Request head has more than {self._server.limits.max_header_fields} header fields.")
+        raise _HeadTooLarge(f"Request head larger than {MAX_HEAD_BYTES} bytes.")
 
     def _count(self, n: int) -> None:
         self._head_bytes += n
         if self._head_bytes > MAX_HEAD_BYTES:
-            raise _HeadTooLarge()
+            raise _HeadTooLarge(f"Request head larger than {MAX_HEAD_BYTES} bytes.")
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        if self._repeated is not None:
+            for key, values in self._repeated.items():
+                self._headers[key] = ", ".join(values)
         self._set_deadline(self._server.limits.body_seconds, "body")
         if self._discard:
             return
@@ -366,7 +410,8 @@ class _Connection(asyncio.Protocol):
             if self._busy or self._queue:
                 self._continue = True  # written when the answers before it are out, never in the middle of one
             else:
-                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
+                assert self.transport is not None  # parser callbacks come after connection_made
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         if self._discard:
@@ -402,8 +447,8 @@ class _Connection(asyncio.Protocol):
         request.keep_alive = parser.should_keep_alive()
         if self._too_large:
             request.status = 413
-        elif request.http11 and "host" not in self._headers:
-            request.status = 400  # RFC 9112: a server must answer 400 to an HTTP/1.1 request without Host
+        elif (request.http11 and "host" not in self._headers) or (self._repeated and "host" in self._repeated):
+            request.status = 400  # RFC 9112 3.2: an HTTP/1.1 request without Host, or any with more than one
         else:
             body = self._body
             request.body = body[0] if len(body) == 1 else b"".join(body)
@@ -411,7 +456,8 @@ class _Connection(asyncio.Protocol):
         self._queue.append(request)
         if len(self._queue) >= MAX_QUEUED and not self._paused_read:
             self._paused_read = True
-            self.transport.pause_reading()  # type: ignore[union-attr]
+            assert self.transport is not None
+            self.transport.pause_reading()
         if not self._busy:
             self._busy = True
             self._server._spawn(self._serve())
@@ -424,7 +470,8 @@ class _Connection(asyncio.Protocol):
                 request = self._queue.popleft()
                 if self._paused_read and len(self._queue) < MAX_QUEUED // 2 and not self._last:
                     self._paused_read = False
-                    self.transport.resume_reading()  # type: ignore[union-attr]
+                    assert self.transport is not None  # it was paused, so it is there
+                    self.transport.resume_reading()
                 await self._server._handle(request)
                 if not request.keep_alive:
                     self.close()
@@ -433,7 +480,8 @@ class _Connection(asyncio.Protocol):
                 self.close()
             elif self._continue and not self.closed:
                 self._continue = False
-                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
+                assert self.transport is not None
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         finally:
             self._busy = False
 
@@ -457,7 +505,8 @@ class _Connection(asyncio.Protocol):
             return
         self._discard = 1
         self._body = []
-        self.transport.write(self._server.error_bytes(status, message))  # type: ignore[union-attr]
+        assert self.transport is not None  # parser callbacks come after connection_made
+        self.transport.write(self._server.error_bytes(status, message))
 
     def send(self, data: bytes | bytearray) -> None:
         if self.closed or self.transport is None or self.transport.is_closing():
@@ -473,6 +522,30 @@ class _Connection(asyncio.Protocol):
         if self._drain is None:
             self._drain = asyncio.get_running_loop().create_future()
         await self._drain
+
+    def _watch_stall(self) -> None:
+        assert self.transport is not None  # writes come after connection_made
+        self._unsent = self.transport.get_write_buffer_size()
+        self._stall = asyncio.get_running_loop().call_later(
+            self._server.limits.write_stall_seconds, self._write_stalled
+        )
+
+    def _write_stalled(self) -> None:
+        """The write buffer has stayed over its high-water mark for `write_stall_seconds`. A client that read some of
+        it meanwhile gets another period; one that read nothing is cut, so that its handler, the handler's in-flight
+        slot and whatever it holds (in the router, a decode connection) are let go."""
+        self._stall = None
+        if self.transport is not None and self.transport.get_write_buffer_size() < self._unsent:
+            self._watch_stall()
+            return
+        self._server.limits.on_reject("write_timeout")
+        self.abort()
+        self._wake_drain(ClientGone())
+
+    def _clear_stall(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
 
     def _wake_drain(self, exc: BaseException | None) -> None:
         waiter, self._drain = self._drain, None
@@ -566,12 +639,13 @@ class FrontServer:
     @property
     def port(self) -> int:
         assert self._server is not None and self._server.sockets
-        return self._server.sockets[0].getsockname()[1]
+        return int(self._server.sockets[0].getsockname()[1])
 
     def loop_time(self) -> float:
-        return self._loop.time()  # type: ignore[union-attr]
+        assert self._loop is not None  # connections exist only once the server has started
+        return self._loop.time()
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -583,7 +657,10 @@ class FrontServer:
             return
         if request.status == 400:
             request.keep_alive = False
-            self._answer_error(request, 400, "HTTP/1.1 requests need a Host header.")
+            if "host" in request.headers:
+                self._answer_error(request, 400, "A request must carry one Host header, not several.")
+            else:
+                self._answer_error(request, 400, "HTTP/1.1 requests need a Host header.")
             return
         counted = self.limits.limited(request.method, request.path)
         if counted and self._inflight >= self.limits.max_inflight:

@@ -1,12 +1,11 @@
-"""The router process: its long-lived parts (config, engines, store, HTTP clients, metrics) and the HTTP routes
-(OpenAI-compatible completions, models, health, readiness, metrics) served by `front`."""
+"""The router process: the `Router`, which builds its long-lived parts and holds the current config generation, and
+the HTTP routes (OpenAI-compatible completions, models, health, readiness, metrics) it serves on its ports."""
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import json
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,13 +14,11 @@ import aiohttp
 import aiohttp.abc
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from duplex_sidecars.http1.client import EngineClient
 from duplex_sidecars.http1.server import ClientGone, FrontServer, Limits, Request
 from duplex_sidecars.router import pipeline
 from duplex_sidecars.router.apis import APIS
-from duplex_sidecars.router.calibration import Calibration
 from duplex_sidecars.router.canary import Canary
-from duplex_sidecars.router.client_auth import ClientKeys, presented_key
+from duplex_sidecars.router.client_auth import presented_key
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.config_file import ConfigError, ConfigSource
 from duplex_sidecars.router.endpoints import DECODE, PREFILL, Engines, HealthProber
@@ -35,19 +32,12 @@ from duplex_sidecars.router.errors import (
 )
 from duplex_sidecars.router.fabric import FabricWatch
 from duplex_sidecars.router.fabric_report import FabricReporter
-from duplex_sidecars.router.leg_costs import LegCosts
-from duplex_sidecars.router.legs import make_engine_client, make_session
+from duplex_sidecars.router.legs import make_leg_client, make_session
+from duplex_sidecars.router.live import Live
 from duplex_sidecars.router.metrics import RouterMetrics
-from duplex_sidecars.router.picker import decode_picker, prefill_picker
-from duplex_sidecars.router.store import (
-    MemoryStore,
-    RedisStore,
-    Store,
-    StoreError,
-    make_store,
-)
+from duplex_sidecars.router.periodic import Periodic
+from duplex_sidecars.router.store import Store, StoreError, make_store
 from duplex_sidecars.router.turn import body_of, parse_turn
-from duplex_sidecars.tasks import cancel_all
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +45,8 @@ _MAINTENANCE_SECONDS = 5.0
 
 
 class Router:
-    """Everything a request needs, swapped in place when the config file changes."""
+    """The composition root: builds the router's long-lived parts once (metrics, engines, store, clients, the
+    background loops) and holds the current config generation, `live`, which a reload replaces whole."""
 
     def __init__(
         self,
@@ -64,101 +55,97 @@ class Router:
         store: Store | None = None,
         resolver: aiohttp.abc.AbstractResolver | None = None,
     ):
-        self.config = config
-        self._resolver = resolver
         self.source = source
+        self._resolver = resolver
         self.metrics = RouterMetrics()
         self.engines = Engines(self.metrics)
         self.store: Store = store or make_store(config.store)
-        self.session: aiohttp.ClientSession | None = None  # probes and /v1/models
-        self.engine_client: EngineClient = make_engine_client(resolver)  # the legs
+        self.live = Live.first(config, self.engines, self.store, make_leg_client(resolver), self.metrics)
+        self._show_store_bound()
+        self.limits = Limits(
+            lambda: self.config.max_body_bytes,
+            limited=_counted,
+            on_reject=lambda reason: self.metrics.rejected.labels(reason).inc(),
+        )  # the API server's; a reload changes them in place
+        self.apply_limits()
+        # Started by `start`:
+        self.session: aiohttp.ClientSession | None = None  # probes, scrapes and /v1/models (the legs have their own)
         self.prober: HealthProber | None = None
         self.fabric: FabricWatch | None = None
         self.fabric_report: FabricReporter | None = None
         self.canary: Canary | None = None
-        self.calibration = self._calibration(config)
         self.watcher: EndpointSliceWatcher | None = None
-        self.leg_costs = LegCosts(config.placement, self.calibration)
-        self.pickers = {PREFILL: prefill_picker(config.placement, self.leg_costs.rates), DECODE: decode_picker()}
-        self.client_keys = ClientKeys(config.client_keys_dir) if config.client_keys_dir else None
-        self._show_store_bound()
-        self.engine_api_key = self._api_key(config)
-        self.deps = self._deps()
-        self.generation = 1  # config generation, reported by /ready
-        self.limits: Limits | None = None  # the HTTP server's, once serving
-        self._tasks: list[asyncio.Task[None]] = []
+        self._upkeep = Periodic(
+            "store maintenance", self._store_upkeep, lambda: _MAINTENANCE_SECONDS, log, at_start=True
+        )
+        self._reload = Periodic(
+            "config reload", self._reload_if_changed, lambda: self.config.reload_interval_seconds, log
+        )
         self.engines.on_decode_removed(self._drop_departed)
 
+    @property
+    def config(self) -> RouterConfig:
+        return self.live.config
+
+    @property
+    def generation(self) -> int:
+        return self.live.generation
+
     def _show_store_bound(self) -> None:
-        if isinstance(self.store, MemoryStore):
-            self.metrics.store_max_bytes.set(self.store.max_bytes)
-
-    def _deps(self) -> pipeline.Deps:
-        """What the request path gets: built again whenever the config changes, so a request sees one config."""
-        return pipeline.Deps(
-            config=self.config,
-            engines=self.engines,
-            pickers=self.pickers,
-            store=self.store,
-            client=self.engine_client,
-            metrics=self.metrics,
-            engine_api_key=self.engine_api_key,
-            fabric=self.fabric,
-            calibration=self.calibration,
-            # Only the cost placement reads what a leg is expected to compute: the other policies skip the estimate.
-            leg_costs=self.leg_costs if self.config.placement.prefill == "cost" else None,
-        )
-
-    @staticmethod
-    def _calibration(config: RouterConfig) -> Calibration | None:
-        r = config.reuse
-        return Calibration(r.calibration_window, r.calibration_min_samples) if r.calibrate else None
+        bound = self.store.bytes_bound()
+        if bound is not None:
+            self.metrics.store_max_bytes.set(bound)
 
     def calibrated(self) -> dict[str, Any] | None:
         """What a computed and a read token cost, as fitted so far (router/calibration.py), or None."""
-        return self.calibration.report() if self.calibration is not None else None
+        calibration = self.live.deps.calibration
+        return calibration.report() if calibration is not None else None
 
     def apply_limits(self) -> None:
         """The client limits of the config, applied to the HTTP server (on start and on every reload)."""
-        if self.limits is None:
-            return
         cfg = self.config.client_limits
         self.limits.max_connections = cfg.max_connections
         self.limits.max_inflight = cfg.max_inflight_requests
         self.limits.head_seconds = cfg.head_timeout_seconds
         self.limits.body_seconds = cfg.body_timeout_seconds
         self.limits.idle_seconds = cfg.idle_seconds
-
-    @staticmethod
-    def _api_key(config: RouterConfig) -> str | None:
-        return os.environ.get(config.engine_api_key_env) if config.engine_api_key_env else None
+        self.limits.write_stall_seconds = cfg.write_stall_seconds
+        self.limits.max_header_fields = cfg.max_header_fields
 
     # ---- lifecycle -----------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
         self.session = make_session(self._resolver)
-        hc = self.config.health_check
+        hc, headers = self.config.health_check, self.live.engine_headers()
         self.prober = HealthProber(
-            self.engines, self.session, hc.path, hc.interval_seconds, hc.timeout_seconds, self._probe_headers()
+            self.engines, self.session, hc.path, hc.interval_seconds, hc.timeout_seconds, headers
         )
         await self._use_endpoints(self.config)
         await self.prober.probe_all()  # a first answer for /ready without waiting an interval
         self.prober.start()
         fc = self.config.fabric
-        self.fabric = FabricWatch(self.engines, self.session, self.metrics, fc.backend, fc.interval_seconds,
-                                  self._probe_headers(), fc.floor_gbps, fc.min_read_bytes)  # fmt: skip
+        self.fabric = FabricWatch(
+            self.engines,
+            self.session,
+            self.metrics,
+            fc.backend,
+            fc.interval_seconds,
+            headers,
+            fc.floor_gbps,
+            fc.min_read_bytes,
+        )
         self.fabric.start()
-        self.deps = self._deps()
+        # From here on the request path tells the fabric watch which engines read whose blocks.
+        self.live = dataclasses.replace(self.live, deps=dataclasses.replace(self.live.deps, fabric=self.fabric))
         if self.config.canary.enabled:
-            self.canary = Canary(self.config.canary, lambda: self.deps, self._session, self._probe_headers())
+            self.canary = Canary(self.config.canary, lambda: self.live.deps, self._session, headers)
             self.canary.start()
         if fc.report is not None:
             self.fabric_report = FabricReporter(fc.report, self.verdict, min(fc.interval_seconds, 5.0))
             await self.fabric_report.start()
-        loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._maintenance()))
+        self._upkeep.start()
         if self.source is not None and self.source.path is not None:
-            self._tasks.append(loop.create_task(self._watch_config()))
+            self._reload.start()
 
     def verdict(self) -> dict[str, Any]:
         """What the fabric report tells the operator: the fabric watch's verdict, the canary's latest result and the
@@ -172,7 +159,8 @@ class Router:
         return self.session
 
     async def stop(self) -> None:
-        await cancel_all(self._tasks)
+        await self._reload.stop()
+        await self._upkeep.stop()
         if self.canary is not None:
             await self.canary.stop()
         if self.prober is not None:
@@ -186,12 +174,9 @@ class Router:
             self.watcher = None
         await self.engines.settle()
         await self.store.close()
-        await self.engine_client.close()
+        await self.live.deps.client.close()
         if self.session is not None:
             await self.session.close()
-
-    def _probe_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.engine_api_key}"} if self.engine_api_key else {}
 
     # ---- endpoints -----------------------------------------------------------------------------------------------
 
@@ -208,6 +193,7 @@ class Router:
                 return
             if self.watcher is not None:
                 await self.watcher.stop()
+                self.watcher = None  # a new one that fails to start leaves none, so that the next reload starts one
             if config.prefill or config.decode:
                 log.warning("discovery is configured: the static prefill/decode lists are ignored")
             self.watcher = EndpointSliceWatcher(config.discovery, self._on_discovered)
@@ -234,82 +220,70 @@ class Router:
 
     async def apply(self, new: RouterConfig) -> None:
         """Switch to a new config without dropping traffic. Listening address and store backend need a restart."""
-        old = self.config
-        if (new.host, new.port, new.admin_port) != (old.host, old.port, old.admin_port):
-            log.warning("config: host and port changes take effect after a restart")
-        bounds = {"max_entries", "max_bytes"}
-        if new.store.model_dump(exclude=bounds) != old.store.model_dump(exclude=bounds):
-            log.warning("config: store backend changes take effect after a restart")
-        if isinstance(self.store, MemoryStore):
-            # Lower bounds evict the oldest entries at the next put or maintenance pass.
-            self.store.max_entries = new.store.max_entries
-            self.store.max_bytes = new.store.max_bytes
-            self._show_store_bound()
-        if new.fabric != old.fabric:
-            log.warning("config: fabric watch changes take effect after a restart")
-        if new.canary != old.canary:
-            log.warning("config: canary changes take effect after a restart")
-        self.engine_api_key = self._api_key(new)
-        if new.client_keys_dir != old.client_keys_dir:
-            self.client_keys = ClientKeys(new.client_keys_dir) if new.client_keys_dir else None
+        warn_of_restart(self.config, new)
+        self.store.set_bounds(new.store.max_entries, new.store.max_bytes)
+        self._show_store_bound()
+        self.live = self.live.reloaded(new)
         if self.prober is not None:
             hc = new.health_check
-            self.prober.path, self.prober.interval, self.prober.timeout = (
-                hc.path,
-                hc.interval_seconds,
-                hc.timeout_seconds,
-            )
-            self.prober._headers = self._probe_headers()
-        recalibrate = new.reuse.model_dump(exclude={"min_tokens"}) != old.reuse.model_dump(exclude={"min_tokens"})
-        if recalibrate:
-            self.calibration = self._calibration(new)  # a new window starts empty
-        if recalibrate or new.placement != old.placement:
-            self.leg_costs = LegCosts(new.placement, self.calibration)
-            self.pickers = {PREFILL: prefill_picker(new.placement, self.leg_costs.rates), DECODE: self.pickers[DECODE]}
-        self.config = new
-        self.deps = self._deps()
+            self.prober.reconfigure(hc.path, hc.interval_seconds, hc.timeout_seconds, self.live.engine_headers())
         self.apply_limits()
-        self.generation += 1
         await self._use_endpoints(new)
 
-    async def _watch_config(self) -> None:
+    async def _reload_if_changed(self) -> None:
+        """One round of the reload loop: the client keys, then the config file. Neither part's failure stops the
+        other, and a change that failed to apply is applied again next round: a failure must never leave a revoked
+        key valid or a change unapplied for good."""
         assert self.source is not None
-        while True:
-            await asyncio.sleep(self.config.reload_interval_seconds)
-            if self.client_keys is not None:
-                self.client_keys.refresh()  # a mounted Secret changes in place
+        keys = self.live.client_keys
+        if keys is not None:
             try:
-                if not self.source.changed():
-                    continue
-                new = self.source.load()
-            except ConfigError as exc:
-                self.metrics.config_reloads.labels("invalid").inc()
-                log.error("config reload: keeping the current config: %s", exc)
-                continue
+                keys.refresh()  # a mounted Secret changes in place
             except Exception:
-                self.metrics.config_reloads.labels("invalid").inc()
-                log.exception("config reload failed; keeping the current config")
-                continue
+                log.exception("client keys: refresh failed; trying again in %gs", self.config.reload_interval_seconds)
+        try:
+            if not self.source.changed():
+                return
+            new = self.source.load()
+        except ConfigError as exc:
+            self.metrics.config_reloads.labels("invalid").inc()
+            log.error("config reload: keeping the current config: %s", exc)
+            return
+        except Exception:
+            self.metrics.config_reloads.labels("invalid").inc()
+            log.exception("config reload failed; keeping the current config")
+            return
+        try:
             await self.apply(new)
-            self.metrics.config_reloads.labels("applied").inc()
-            log.info("config reloaded (generation %d)", self.generation)
+        except Exception:
+            self.source.forget()  # so that the next round loads and applies the file again
+            self.metrics.config_reloads.labels("failed").inc()
+            log.exception("config reload: applying the new config failed; trying again next round")
+            return
+        self.metrics.config_reloads.labels("applied").inc()
+        log.info("config reloaded (generation %d)", self.generation)
 
-    async def _maintenance(self) -> None:
-        while True:
-            try:
-                if isinstance(self.store, MemoryStore):
-                    await self.store.sweep()
-                elif isinstance(self.store, RedisStore):
-                    await self.store.ping()
-                size = await self.store.size()
-                if size is not None:
-                    self.metrics.store_entries.set(size)
-                held = self.store.bytes_held()
-                if held is not None:
-                    self.metrics.store_bytes.set(held)
-            except Exception:
-                log.exception("store maintenance failed")
-            await asyncio.sleep(_MAINTENANCE_SECONDS)
+    async def _store_upkeep(self) -> None:
+        await self.store.upkeep()
+        size = await self.store.size()
+        if size is not None:
+            self.metrics.store_entries.set(size)
+        held = self.store.bytes_held()
+        if held is not None:
+            self.metrics.store_bytes.set(held)
+
+
+def warn_of_restart(old: RouterConfig, new: RouterConfig) -> None:
+    """Say which of a reload's changes wait for a restart: they are not applied."""
+    if (new.host, new.port, new.admin_port) != (old.host, old.port, old.admin_port):
+        log.warning("config: host and port changes take effect after a restart")
+    bounds = {"max_entries", "max_bytes"}
+    if new.store.model_dump(exclude=bounds) != old.store.model_dump(exclude=bounds):
+        log.warning("config: store backend changes take effect after a restart")
+    if new.fabric != old.fabric:
+        log.warning("config: fabric watch changes take effect after a restart")
+    if new.canary != old.canary:
+        log.warning("config: canary changes take effect after a restart")
 
 
 # ---- HTTP -----------------------------------------------------------------------------------------------------------
@@ -321,11 +295,12 @@ async def _completions(router: Router, request: Request) -> None:
     api = APIS[request.path]
     route = api.route
     status = 500
+    now = router.live  # one generation for the whole request
     try:
         client = authenticated(router, request)
-        raw = body_of(request, router.config.max_body_bytes)
-        turn = parse_turn(request, raw, router.config.conversation, router.config.served_model_names, client)
-        status = await pipeline.handle(router.deps, request, turn)
+        raw = body_of(request, now.config.max_body_bytes)
+        turn = parse_turn(request, raw, now.config.conversation, now.config.served_model_names, client)
+        status = await pipeline.handle(now.deps, request, turn)
     except RouterError as exc:
         status = exc.status
         send_router_error(request, exc, api.error_body)
@@ -339,9 +314,10 @@ async def _completions(router: Router, request: Request) -> None:
 
 def authenticated(router: Router, request: Request) -> str | None:
     """The tenant of the request's API key when the router checks keys (Unauthorized without a known one)."""
-    if router.client_keys is None:
+    keys = router.live.client_keys
+    if keys is None:
         return None
-    tenant = router.client_keys.tenant_for(presented_key(request.header("authorization"), request.header("x-api-key")))
+    tenant = keys.tenant_for(presented_key(request.header("authorization"), request.header("x-api-key")))
     if tenant is None:
         router.metrics.rejected.labels("unauthorized").inc()
         raise Unauthorized()
@@ -350,20 +326,22 @@ def authenticated(router: Router, request: Request) -> str | None:
 
 async def _models(router: Router, request: Request) -> None:
     authenticated(router, request)
-    names = router.config.served_model_names
+    now = router.live
+    names = now.config.served_model_names
     if names:
         data = [{"id": n, "object": "model", "created": 0, "owned_by": "duplex"} for n in names]
         request.respond(200, json.dumps({"object": "list", "data": data}).encode())
         return
-    engine = router.pickers[DECODE].pick(router.engines.decode) or router.pickers[PREFILL].pick(router.engines.prefill)
+    pickers = now.deps.pickers
+    engine = pickers[DECODE].pick(router.engines.decode) or pickers[PREFILL].pick(router.engines.prefill)
     if engine is None or router.session is None:
         send_error(request, 503, "No engines are available to list models.", "service_unavailable", 503)
         return
     try:
         async with router.session.get(
             engine.url + "/v1/models",
-            headers=router._probe_headers(),
-            timeout=aiohttp.ClientTimeout(total=router.config.timeouts.connect_seconds + 5),
+            headers=now.engine_headers(),
+            timeout=aiohttp.ClientTimeout(total=now.config.timeouts.connect_seconds + 5),
         ) as resp:
             body = await resp.read()
             if resp.status != 200:
@@ -388,6 +366,7 @@ async def _ready_bare(router: Router, request: Request) -> None:
 async def _ready(router: Router, request: Request) -> None:
     """/ready for operators: engines and their URLs, store, fabric, canary, calibration, placement rates."""
     ready = router.engines.ready()
+    now = router.live
     body = {
         "ready": ready,
         **router.engines.describe(),
@@ -395,8 +374,8 @@ async def _ready(router: Router, request: Request) -> None:
         "fabric": router.fabric.describe() if router.fabric is not None else None,
         "canary": router.canary.verdict() if router.canary is not None else None,
         "calibration": router.calibrated(),
-        "placement": {"prefill": router.config.placement.prefill, **router.leg_costs.describe()},
-        "config_generation": router.generation,
+        "placement": {"prefill": now.config.placement.prefill, **now.leg_costs.describe()},
+        "config_generation": now.generation,
     }
     if router.watcher is not None:
         body["discovery"] = {"synced": dict(router.watcher.synced)}
@@ -470,17 +449,6 @@ def _counted(method: str, path: str) -> bool:
     return path in APIS
 
 
-def client_limits(router: Router) -> Limits:
-    limits = Limits(
-        lambda: router.config.max_body_bytes,
-        limited=_counted,
-        on_reject=lambda reason: router.metrics.rejected.labels(reason).inc(),
-    )
-    router.limits = limits
-    router.apply_limits()
-    return limits
-
-
 def admin_limits() -> Limits:
     """The admin port's: GETs from a scraper or an operator, so small bodies and few connections."""
     return Limits(lambda: 64 * 1024, max_connections=64, max_inflight=16)
@@ -490,8 +458,8 @@ def admin_limits() -> Limits:
 class Listeners:
     """The API server and, when configured, the admin server; `port` is the API's."""
 
-    api: Any
-    admin: Any = None
+    api: Any  # a FrontServer, or what `serve` was given in its place
+    admin: FrontServer | None = None
 
     @property
     def port(self) -> int:
@@ -499,7 +467,7 @@ class Listeners:
 
     @property
     def admin_port(self) -> int | None:
-        return int(self.admin.port) if self.admin is not None else None
+        return self.admin.port if self.admin is not None else None
 
     async def stop(self, grace: float) -> None:
         await self.api.stop(grace)
@@ -512,13 +480,14 @@ async def serve(router: Router, host: str, port: int, server_class: type[Any] = 
     a free one); `shutdown` undoes it all. `server_class` is the API's HTTP server (anything with FrontServer's
     constructor, `start`, `port` and `stop`: the benchmark compares uvicorn's)."""
     api_routes, admin_routes = route_tables(router.config)
+    admin_port = router.config.admin_port
     await router.start()
-    listeners = Listeners(server_class(Dispatch(router, api_routes), client_limits(router), _front_error))
+    listeners = Listeners(server_class(Dispatch(router, api_routes), router.limits, _front_error))
     try:
         await listeners.api.start(host, port)
-        if admin_routes is not None:
+        if admin_routes is not None and admin_port is not None:
             listeners.admin = FrontServer(Dispatch(router, admin_routes), admin_limits(), _front_error)
-            await listeners.admin.start(host, router.config.admin_port)
+            await listeners.admin.start(host, admin_port)
     except BaseException:
         await listeners.stop(1.0)
         await router.stop()
@@ -539,7 +508,7 @@ class RouterServer:
         self.host = host
         self.port = port
         self.server_class = server_class
-        self.server: Any = None
+        self.server: Listeners | None = None
 
     async def start(self) -> RouterServer:
         self.server = await serve(self.router, self.host, self.port, self.server_class)

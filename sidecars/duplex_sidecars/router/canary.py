@@ -34,6 +34,7 @@ from duplex_sidecars.router.config import CanaryConfig
 from duplex_sidecars.router.endpoints import DECODE, PREFILL, Engine, EnginePool
 from duplex_sidecars.router.errors import RouterError
 from duplex_sidecars.router.metrics import RouterMetrics
+from duplex_sidecars.router.periodic import Periodic
 from duplex_sidecars.router.picker import Hints, Picker
 from duplex_sidecars.router.turn import parse_turn
 
@@ -173,7 +174,7 @@ class Canary:
         self.runs = 0
         self._verified: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         self._failed_at = 0.0
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic("canary run", self._run_when_due, lambda: self.config.check_seconds, log)
 
     def verdict(self) -> dict[str, Any] | None:
         return self.result
@@ -213,8 +214,9 @@ class Canary:
         self.result = verdict
         if failed:
             self._failed_at = time.monotonic()
-            log.warning("canary failed on prefill %s, decode %s: %s", verdict["prefill"], verdict["decode"],
-                        verdict["message"])  # fmt: skip
+            log.warning(
+                "canary failed on prefill %s, decode %s: %s", verdict["prefill"], verdict["decode"], verdict["message"]
+            )
         else:
             log.info("canary passed on %d prefill-decode pairs: %s", len(results), verdict["message"])
         return verdict
@@ -286,8 +288,12 @@ class Canary:
     ) -> tuple[pipeline.Context, dict[str, Any]]:
         """One turn through the request path; its context and the client's answer."""
         cc = deps.config.conversation
-        body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": self.config.max_tokens,
-                                "temperature": 0}  # fmt: skip
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": self.config.max_tokens,
+            "temperature": 0,
+        }
         if cc.body_field:
             body[cc.body_field] = conversation
         exchange = Exchange(jsonio.dumps(body), {cc.header: conversation} if cc.header else {})
@@ -296,8 +302,13 @@ class Canary:
             turn.body["cache_salt"] = salt  # after the scope was taken: turn 2 (unsalted) may still replay turn 1
         started = time.perf_counter()
         ctx = await asyncio.wait_for(pipeline.serve(deps, exchange, turn), self.config.turn_timeout_seconds)
-        turns.append({"seconds": round(time.perf_counter() - started, 4), "replayed": ctx.replayed,
-                      "prefill_seconds": round(ctx.prefill_seconds or 0.0, 4)})  # fmt: skip
+        turns.append(
+            {
+                "seconds": round(time.perf_counter() - started, 4),
+                "replayed": ctx.replayed,
+                "prefill_seconds": round(ctx.prefill_seconds or 0.0, 4),
+            }
+        )
         if exchange.status != 200:
             detail = bytes(exchange.out[:300]).decode(errors="replace")
             raise StepFailed("error", f"turn {len(turns)} answered HTTP {exchange.status}: {detail}")
@@ -305,38 +316,28 @@ class Canary:
         return ctx, answer
 
     async def _counts(self, url: str) -> Counts:
-        async with self._session().get(url + "/metrics", headers=self._headers,
-                                       timeout=aiohttp.ClientTimeout(total=30)) as resp:  # fmt: skip
+        async with self._session().get(
+            url + "/metrics", headers=self._headers, timeout=aiohttp.ClientTimeout(total=30)
+        ) as resp:
             if resp.status != 200:
                 raise StepFailed("error", f"{url}/metrics answered HTTP {resp.status}")
             return counts_of(await resp.text())
 
     async def _model(self, url: str) -> str:
-        async with self._session().get(url + "/v1/models", headers=self._headers,
-                                       timeout=aiohttp.ClientTimeout(total=30)) as resp:  # fmt: skip
+        async with self._session().get(
+            url + "/v1/models", headers=self._headers, timeout=aiohttp.ClientTimeout(total=30)
+        ) as resp:
             data = (await resp.json()).get("data") or []
             if resp.status != 200 or not data:
                 raise StepFailed("error", f"{url}/v1/models listed no model")
             return str(data[0]["id"])
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.check_seconds)
-            try:
-                if self.due(time.monotonic()):
-                    await self.run()
-            except Exception:  # never let the canary die
-                log.exception("canary failed to run")
+    async def _run_when_due(self) -> None:
+        if self.due(time.monotonic()):
+            await self.run()
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await self._periodic.stop()

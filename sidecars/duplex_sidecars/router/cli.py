@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None, server_class: type[Any] = FrontServer) -
         return 2
     from prometheus_client import disable_created_metrics
 
-    disable_created_metrics()  # process-wide, and this process is the router: *_created series are noise here
+    # Process-wide, and this process is the router: *_created series are noise here.
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves this one unannotated
     try:
         run_loop(_serve(router, server_class))
     except OSError as exc:

@@ -40,19 +40,26 @@ class ClientKeys:
         return tuple(out)
 
     def refresh(self) -> bool:
-        """Reread the keys when the directory changed; True when it did."""
+        """Reread the keys when the directory changed; True when it did. A key file that cannot be read leaves its
+        tenant without a key until it can (never with a stale one), and is tried again on the next call."""
         listing = self._listing()
         if listing == self._stamp:
             return False
         keys = []
+        complete = True
         for name, _, size in listing:
             if size > MAX_KEY_BYTES:
                 log.error("client keys: %s is larger than %d bytes; ignored", name, MAX_KEY_BYTES)
                 continue
-            key = (self.directory / name).read_bytes().strip()
+            try:
+                key = (self.directory / name).read_bytes().strip()
+            except OSError as exc:  # e.g. gone between the listing and the read, as a Secret's files are swapped
+                log.error("client keys: cannot read %s (its tenant has no key until it can be): %s", name, exc)
+                complete = False
+                continue
             if key:
                 keys.append((name, key))
-        self._keys, self._stamp = keys, listing
+        self._keys, self._stamp = keys, listing if complete else None
         log.info("client keys: %d tenant(s) from %s", len(keys), self.directory)
         return True
 

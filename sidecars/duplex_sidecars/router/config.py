@@ -9,6 +9,22 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# Decode keeps a turn's blocks for the engines' decoder_kv_blocks_ttl (vLLM's default: 480 s). The router replays
+# them for a margin less, so that a replay never asks for blocks decode has freed. The operator's CRD defaults and
+# checks come from here too.
+ENGINE_BLOCKS_TTL_SECONDS = 480
+TTL_MARGIN_SECONDS = 30
+
+
+def default_conversation_ttl(engine_blocks_ttl: int) -> int:
+    """How long the router replays decode's blocks when not told: the engines' block TTL less the margin."""
+    return engine_blocks_ttl - TTL_MARGIN_SECONDS
+
+
+def ttl_below_engines(ttl: float, engine_blocks_ttl: float) -> bool:
+    """The router may replay blocks only while decode holds them: its TTL strictly below the engines'."""
+    return ttl < engine_blocks_ttl
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -45,14 +61,20 @@ class ConversationConfig(_Strict):
     tenant_header: str = Field(
         "Authorization", description="Header whose digest scopes conversation state to a tenant."
     )
-    ttl_seconds: float = Field(450.0, gt=0, description="How long a stored decode reply may be replayed.")
+    ttl_seconds: float = Field(
+        float(default_conversation_ttl(ENGINE_BLOCKS_TTL_SECONDS)),
+        gt=0,
+        description="How long a stored decode reply may be replayed.",
+    )
     engine_blocks_ttl_seconds: float = Field(
-        480.0, gt=0, description="decoder_kv_blocks_ttl of the decode engines; ttl_seconds must stay below it."
+        float(ENGINE_BLOCKS_TTL_SECONDS),
+        gt=0,
+        description="decoder_kv_blocks_ttl of the decode engines; ttl_seconds must stay below it.",
     )
 
     @model_validator(mode="after")
     def _ttl_below_engine(self) -> ConversationConfig:
-        if self.ttl_seconds >= self.engine_blocks_ttl_seconds:
+        if not ttl_below_engines(self.ttl_seconds, self.engine_blocks_ttl_seconds):
             raise ValueError(
                 f"conversation ttl_seconds ({self.ttl_seconds:g}) must be strictly below the engines' "
                 f"decoder_kv_blocks_ttl ({self.engine_blocks_ttl_seconds:g})"
@@ -119,6 +141,15 @@ class ClientLimitsConfig(_Strict):
     idle_seconds: float = Field(
         75.0, gt=0, description="A connection with nothing from its client for this long closes."
     )
+    write_stall_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="A client that reads nothing of an answer for this long while the router's write buffer for it "
+        "is full (over its high-water mark) is cut, and its request's decode leg with it (as nginx's send_timeout).",
+    )
+    max_header_fields: int = Field(
+        100, ge=1, description="Header fields in a request's head (and trailer); one more is answered 431."
+    )
 
 
 class PlacementConfig(_Strict):
@@ -149,11 +180,13 @@ class ReuseConfig(_Strict):
     """When a turn replays decode's blocks, and the fit of what that saves (router/calibration.py)."""
 
     min_tokens: int = Field(
-        0, ge=0, description="Replay only when at least this many tokens are reusable; fewer are a `below_threshold` "
+        0,
+        ge=0,
+        description="Replay only when at least this many tokens are reusable; fewer are a `below_threshold` "
         "miss that prefill recomputes. The operator renders kvTransfer.recomputeThreshold here, or the value Auto "
         "calibrated, so that it takes effect without restarting an engine. 0: every entry is replayed and the "
         "engines' kv_recompute_threshold decides.",
-    )  # fmt: skip
+    )
     calibrate: bool = Field(True, description="Fit what a computed and a read token cost from the prefill legs.")
     calibration_window: int = Field(512, ge=32, le=65536, description="Prefill legs the fit looks at, latest first.")
     calibration_min_samples: int = Field(
@@ -169,9 +202,11 @@ class FabricReportConfig(_Strict):
     config_map: str = Field(description="The ConfigMap; the router's Role may patch this one object only.")
     pod_name_env: str = Field("POD_NAME", description="Environment variable holding this router's pod name (its key).")
     heartbeat_seconds: float = Field(
-        120.0, gt=0, description="A verdict that has not changed is written again this often, so that a report "
+        120.0,
+        gt=0,
+        description="A verdict that has not changed is written again this often, so that a report "
         "the operator reads is never older than this (it treats reports older than 5 heartbeats as gone).",
-    )  # fmt: skip
+    )
     kubeconfig: str | None = Field(None, description="Kubeconfig file; unset means the in-cluster service account.")
 
 
@@ -182,13 +217,16 @@ class FabricConfig(_Strict):
     backend: Literal["UCX", "LIBFABRIC"] = Field("UCX", description="The engines' NIXL backend.")
     interval_seconds: float = Field(15.0, gt=0, description="How often the engines' counters are read.")
     floor_gbps: float | None = Field(
-        None, gt=0, description="Read bandwidth below which the fabric is unhealthy (default: 1 for LIBFABRIC, "
-        "0.1 for UCX).",
-    )  # fmt: skip
+        None,
+        gt=0,
+        description="Read bandwidth below which the fabric is unhealthy (default: 1 for LIBFABRIC, 0.1 for UCX).",
+    )
     min_read_bytes: float = Field(
-        32 * 2**20, ge=0, description="Reads smaller than this on average measure latency, not bandwidth: they are "
+        32 * 2**20,
+        ge=0,
+        description="Reads smaller than this on average measure latency, not bandwidth: they are "
         "not held to the floor.",
-    )  # fmt: skip
+    )
     report: FabricReportConfig | None = Field(None, description="Publish the verdict for the operator.")
 
 
@@ -205,8 +243,11 @@ class CanaryConfig(_Strict):
     max_tokens: int = Field(4, ge=2, le=64, description="Tokens each canary turn generates.")
     max_pairs: int = Field(4, ge=1, le=64, description="Prefill-decode pairs per run (each engine in one at least).")
     turn_timeout_seconds: float = Field(120.0, gt=0, description="A canary turn slower than this fails the run.")
-    model: str | None = Field(None, description="Model to ask for; default: the first served model name, else "
-                              "what prefill's /v1/models lists first.")  # fmt: skip
+    model: str | None = Field(
+        None,
+        description="Model to ask for; default: the first served model name, else "
+        "what prefill's /v1/models lists first.",
+    )
 
 
 class HealthCheckConfig(_Strict):

@@ -101,11 +101,18 @@ class ConfigSource:
             raise ConfigError(f"{self.path or 'flags'}: invalid router config:\n{exc}") from exc
 
     def _stat(self) -> tuple[int, int] | None:
+        if self.path is None:
+            return None
         try:
-            st = os.stat(self.path)  # type: ignore[arg-type]
+            st = os.stat(self.path)
         except OSError:
             return None
         return (st.st_mtime_ns, st.st_size)
+
+    def forget(self) -> None:
+        """Count the file as never loaded: the next `changed` says it changed (a reload that failed to apply)."""
+        self._seen = None
+        self._digest = None
 
     def changed(self) -> bool:
         """Cheap check (stat) first; the content digest decides, so a touched but equal file is no change. A

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 
 from duplex_sidecars.router.metrics import RouterMetrics
+from duplex_sidecars.router.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -175,13 +176,13 @@ class Engines:
         self._metrics = metrics
         self.prefill = EnginePool(PREFILL, metrics)
         self.decode = EnginePool(DECODE, metrics)
-        self._on_decode_removed: list[Callable[[list[str]], Awaitable[None]]] = []
+        self._on_decode_removed: list[Callable[[list[str]], Coroutine[Any, Any, None]]] = []
         self._pending: set[asyncio.Task[None]] = set()
 
     def pool(self, role: str) -> EnginePool:
         return self.prefill if role == PREFILL else self.decode
 
-    def on_decode_removed(self, callback: Callable[[list[str]], Awaitable[None]]) -> None:
+    def on_decode_removed(self, callback: Callable[[list[str]], Coroutine[Any, Any, None]]) -> None:
         self._on_decode_removed.append(callback)
 
     def set_role(self, role: str, urls: Iterable[str]) -> list[str]:
@@ -245,8 +246,13 @@ class HealthProber:
         self.interval = interval
         self.timeout = timeout
         self._headers = headers or {}
-        self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        # The caller probes once before starting the loop; from then on: wait (or a poke), then probe.
+        self._periodic = Periodic("health probing", self.probe_all, lambda: self.interval, log, wake=self._wake)
+
+    def reconfigure(self, path: str, interval: float, timeout: float, headers: dict[str, str]) -> None:
+        """What a config reload changes: the path, the pace, the timeout and the engine key's header."""
+        self.path, self.interval, self.timeout, self._headers = path, interval, timeout, headers
 
     async def probe(self, pool: EnginePool, engine: Engine) -> None:
         try:
@@ -276,27 +282,8 @@ class HealthProber:
         """Probe now (new engines appeared)."""
         self._wake.set()
 
-    async def _run(self) -> None:
-        # The caller probed once before starting us; from here on: wait, then probe.
-        while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.interval)
-            except TimeoutError:
-                pass
-            try:
-                await self.probe_all()
-            except Exception:  # never let the prober die
-                log.exception("health probing failed")
-
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await self._periodic.stop()

@@ -41,8 +41,9 @@ class Unauthorized(RouterError):
     type = "invalid_request_error"
 
     def __init__(self) -> None:
-        super().__init__("A valid API key is required (Authorization: Bearer <key>, or x-api-key).",
-                         code="invalid_api_key")  # fmt: skip
+        super().__init__(
+            "A valid API key is required (Authorization: Bearer <key>, or x-api-key).", code="invalid_api_key"
+        )
 
 
 class PayloadTooLarge(RouterError):

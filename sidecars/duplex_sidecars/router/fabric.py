@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from duplex_sidecars.router.endpoints import DECODE, PREFILL, Engines
 from duplex_sidecars.router.metrics import RouterMetrics
+from duplex_sidecars.router.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +63,15 @@ class EngineFabric:
     read_from: set[str] = field(default_factory=set)  # engines whose blocks it read in that interval
 
     def describe(self) -> dict[str, Any]:
-        return {"url": self.url, "role": self.role, "read_gbps": self.gbps, "reads": self.reads,
-                "read_bytes": self.read_bytes, "failed_transfers": self.failed,
-                "expired_reads": self.expired}  # fmt: skip
+        return {
+            "url": self.url,
+            "role": self.role,
+            "read_gbps": self.gbps,
+            "reads": self.reads,
+            "read_bytes": self.read_bytes,
+            "failed_transfers": self.failed,
+            "expired_reads": self.expired,
+        }
 
 
 def judge(
@@ -93,9 +100,17 @@ def judge(
 class FabricWatch:
     """Scrapes every engine's NIXL counters on an interval; `pairs` are noted by the pipeline as legs go out."""
 
-    def __init__(self, engines: Engines, session: aiohttp.ClientSession, metrics: RouterMetrics, backend: str,
-                 interval: float, headers: dict[str, str] | None = None, floor_gbps: float | None = None,
-                 min_read_bytes: float = 0.0):  # fmt: skip
+    def __init__(
+        self,
+        engines: Engines,
+        session: aiohttp.ClientSession,
+        metrics: RouterMetrics,
+        backend: str,
+        interval: float,
+        headers: dict[str, str] | None = None,
+        floor_gbps: float | None = None,
+        min_read_bytes: float = 0.0,
+    ):
         self._engines = engines
         self._session = session
         self._metrics = metrics
@@ -107,7 +122,7 @@ class FabricWatch:
         self.state: dict[str, EngineFabric] = {}
         self._pairs: dict[str, set[str]] = defaultdict(set)  # initiating engine -> engines read from, this interval
         self.healthy, self.message = True, "no KV transfers measured yet"
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic("fabric watch", self._scrape_and_tell, lambda: self.interval, log)
 
     def note_read(self, reader: str, owner: str) -> None:
         """A leg made `reader` read `owner`'s blocks (prefill reading decode's, or decode reading prefill's)."""
@@ -115,8 +130,9 @@ class FabricWatch:
 
     async def _scrape(self, url: str) -> dict[str, float] | None:
         try:
-            async with self._session.get(url + "/metrics", headers=self._headers,
-                                         timeout=aiohttp.ClientTimeout(total=10)) as resp:  # fmt: skip
+            async with self._session.get(
+                url + "/metrics", headers=self._headers, timeout=aiohttp.ClientTimeout(total=10)
+            ) as resp:
                 if resp.status != 200:
                     return None
                 return counters_of(await resp.text())
@@ -141,7 +157,9 @@ class FabricWatch:
     def _update(self, engine: EngineFabric, now: dict[str, float], read_from: set[str]) -> None:
         last, engine.last = engine.last, now
         if last is None:
-            return
+            # An engine's counters start at zero with it: the first scrape counts every read since it started (a
+            # conversation over before the router first looked would otherwise never be measured).
+            last = dict.fromkeys(now, 0.0)
         delta = {k: max(0.0, now[k] - last[k]) for k in now}  # a restarted engine starts from zero again
         engine.failed, engine.expired = delta[FAILED], delta[EXPIRED]
         if delta[FAILED]:
@@ -163,33 +181,26 @@ class FabricWatch:
         return {"healthy": self.healthy, "measured": measured, "message": self.message, "backend": self.backend}
 
     def describe(self) -> dict[str, Any]:
-        return {"healthy": self.healthy, "message": self.message, "backend": self.backend,
-                "engines": [e.describe() for e in self.state.values()]}  # fmt: skip
+        return {
+            "healthy": self.healthy,
+            "message": self.message,
+            "backend": self.backend,
+            "engines": [e.describe() for e in self.state.values()],
+        }
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            started = time.monotonic()
-            try:
-                was = self.healthy
-                await self.scrape_all()
-                if was and not self.healthy:
-                    log.warning("fabric: %s", self.message)
-                elif not was and self.healthy:
-                    log.info("fabric: healthy again: %s", self.message)
-            except Exception:  # never let the watch die
-                log.exception("fabric watch failed")
-            log.debug("fabric scrape took %.3fs", time.monotonic() - started)
+    async def _scrape_and_tell(self) -> None:
+        """One round: scrape, and say so in the log when the verdict flips."""
+        started = time.monotonic()
+        was = self.healthy
+        await self.scrape_all()
+        if was and not self.healthy:
+            log.warning("fabric: %s", self.message)
+        elif not was and self.healthy:
+            log.info("fabric: healthy again: %s", self.message)
+        log.debug("fabric scrape took %.3fs", time.monotonic() - started)
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await self._periodic.stop()

@@ -2,9 +2,9 @@
 DisaggregatedServing's `<name>-fabric` ConfigMap, which the operator owns and the router's Role may patch (that one
 object, nothing else). The operator turns the reports into the KVTransferHealthy condition.
 
-A report is written when the verdict flips or the canary (router/canary.py) has a new result, and again every
-heartbeat, so a router that died leaves a report that
-ages out instead of one that stays healthy for ever. Writes are JSON merge patches of the router's own key: routers
+A report is written when the verdict flips, the first transfer is measured or the canary (router/canary.py) has a
+new result, and again every heartbeat, so a router that died leaves a report that ages out instead of one that
+stays healthy for ever. Writes are JSON merge patches of the router's own key: routers
 never overwrite each other, and the operator's server-side apply of the ConfigMap leaves keys it does not own alone.
 """
 
@@ -24,7 +24,7 @@ import aiohttp
 
 from duplex_sidecars.router.config import FabricReportConfig
 from duplex_sidecars.router.endpointslices import ApiAccess
-from duplex_sidecars.tasks import cancel_all
+from duplex_sidecars.router.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +34,10 @@ Verdict = Callable[[], dict[str, Any]]
 
 
 def news(verdict: dict[str, Any]) -> tuple[Any, ...]:
-    """What, when it changes, is written at once: the fabric's health and the canary's run."""
+    """What, when it changes, is written at once: the fabric's health, whether a transfer was measured yet (the first
+    one turns KVTransferHealthy from Unknown to a verdict) and the canary's run."""
     canary = verdict.get("canary") or {}
-    return verdict["healthy"], canary.get("run")
+    return verdict["healthy"], bool(verdict.get("measured")), canary.get("run")
 
 
 def report_of(verdict: dict[str, Any], at: datetime.datetime) -> dict[str, Any]:
@@ -61,7 +62,10 @@ class FabricReporter:
         self._check_every = min(check_every, config.heartbeat_seconds)
         self._access = access
         self._session: aiohttp.ClientSession | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._written_at = -float("inf")  # loop time of the last write
+        self._periodic = Periodic(
+            "fabric report", self._publish_when_due, lambda: self._check_every, log, at_start=True
+        )
         self.published: bool | None = None  # the `healthy` last written
         self._news: tuple[Any, ...] | None = None  # `news` of the verdict last written
         self.writes = 0
@@ -79,14 +83,16 @@ class FabricReporter:
         assert self._session is not None and self._access is not None
         headers = {**self._access.headers(), "Content-Type": "application/merge-patch+json"}
         try:
-            async with self._session.patch(self._url(), json=body, headers=headers,
-                                           timeout=aiohttp.ClientTimeout(total=10)) as resp:  # fmt: skip
+            async with self._session.patch(
+                self._url(), json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=10)
+            ) as resp:
                 if resp.status >= 300:
                     raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
         except (aiohttp.ClientError, TimeoutError, OSError, RuntimeError) as err:
             if not self.failing:
-                log.warning("fabric report to configmap %s/%s failed: %s", self.config.namespace,
-                            self.config.config_map, err)  # fmt: skip
+                log.warning(
+                    "fabric report to configmap %s/%s failed: %s", self.config.namespace, self.config.config_map, err
+                )
             self.failing = True
             return False
         if self.failing:
@@ -97,15 +103,12 @@ class FabricReporter:
         self.writes += 1
         return True
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        last = -float("inf")
-        while True:
-            fresh = news(self._verdict()) != self._news
-            due = loop.time() - last >= self.config.heartbeat_seconds
-            if (due or fresh or self.failing) and await self.publish():
-                last = loop.time()
-            await asyncio.sleep(self._check_every)
+    async def _publish_when_due(self) -> None:
+        now = asyncio.get_running_loop().time()
+        fresh = news(self._verdict()) != self._news
+        due = now - self._written_at >= self.config.heartbeat_seconds
+        if (due or fresh or self.failing) and await self.publish():
+            self._written_at = asyncio.get_running_loop().time()
 
     async def start(self) -> None:
         if self._access is None:
@@ -113,12 +116,10 @@ class FabricReporter:
             self._access = ApiAccess.from_kubeconfig(cfg.kubeconfig) if cfg.kubeconfig else ApiAccess.in_cluster()
         ssl = self._access.ssl_context if self._access.ssl_context is not None else True
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl))
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            await cancel_all([self._task])
-            self._task = None
+        await self._periodic.stop()
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -15,9 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import orjson
+
+if TYPE_CHECKING:
+    from _hashlib import HASH  # what hashlib.sha256() returns
 
 ANONYMOUS_TENANT = "anonymous"
 
@@ -223,7 +226,7 @@ class History:
         self.turn_boundary = turn_boundary
         # The running digest over the first n messages: the reuse check and the record after decode both hash the
         # same leading messages, so the second continues where the first stopped.
-        self._running: tuple[int, Any] = (0, _messages_hasher())
+        self._running: tuple[int, HASH] = (0, _messages_hasher())
 
     @classmethod
     def of_request(cls, route: str, body: dict[str, Any]) -> History | None:
@@ -235,7 +238,7 @@ class History:
             normalized = [normalize_message(m) for m in messages]
             if any(m is None or not _content_is_stable(m.get("content")) for m in normalized):
                 return None
-            return cls.of_messages(normalized)  # type: ignore[arg-type]
+            return cls.of_messages(cast(list[dict[str, Any]], normalized))  # no None: checked above
         prompt = body.get("prompt")
         if isinstance(prompt, str) and prompt:
             return cls("text", text=prompt)
@@ -289,7 +292,7 @@ class History:
         _add_message(h, generated)
         return Covered("messages", h.hexdigest(), len(self._messages) + 1)
 
-    def _hash_of_first(self, n: int) -> Any:
+    def _hash_of_first(self, n: int) -> HASH:
         """The running hash after the first n messages (not to be updated by the caller)."""
         done, h = self._running
         if done > n:
@@ -304,11 +307,11 @@ def _text_digest(text: str) -> str:
     return _sha(b"text" + _V + text.encode("utf-8", "surrogatepass"))
 
 
-def _messages_hasher() -> Any:
+def _messages_hasher() -> HASH:
     return hashlib.sha256(b"messages" + _V)
 
 
-def _add_message(h: Any, encoded: bytes) -> None:
+def _add_message(h: HASH, encoded: bytes) -> None:
     # Length-prefixed so that no two different message lists produce the same byte stream.
     h.update(len(encoded).to_bytes(8, "big"))
     h.update(encoded)

@@ -16,16 +16,30 @@ import orjson
 def loads(raw: bytes | str, written_back: bool = True) -> tuple[Any, bool]:
     """Parse JSON; returns (value, exact). `exact` is False when the value needs the standard library to be written
     back unchanged (and may hold NaN). Raises ValueError (or UnicodeDecodeError) for what the standard library
-    rejects too. `written_back=False` is for values that are only looked at, never written out again: it skips the
-    check that orjson kept every integer (beyond 64 bits it reads a float)."""
+    rejects too, and for a value nested deeper than orjson writes (254 levels) or the standard library recurses.
+    `written_back=False` is for values that are only looked at, never written out again: it skips the check that
+    orjson kept every integer (beyond 64 bits it reads a float)."""
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return json.loads(raw), False
+        return _standard_loads(raw), False
+    if not written_back:
+        return value, True
+    try:
+        encoded = orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:  # the only value orjson reads and cannot write: one nested too deeply
+        raise ValueError(f"JSON nested too deeply: {exc}") from None
     # orjson reads an integer beyond 64 bits as a float, silently; such a float always prints with "e+".
-    if written_back and lost_precision(orjson.dumps(value)):
-        return json.loads(raw), False
+    if lost_precision(encoded):
+        return _standard_loads(raw), False
     return value, True
+
+
+def _standard_loads(raw: bytes | str) -> Any:
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def lost_precision(encoded: bytes) -> bool:

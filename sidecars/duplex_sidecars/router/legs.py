@@ -1,6 +1,8 @@
 """The two HTTP legs of a P-D request: the one-token prefill call and the decode call whose response is relayed.
 
-Failures come out as `LegFailure` with a kind that decides whether another attempt is worth it.
+This is the router's side of the transport: `LegClient` sends the legs over `http1`'s client and hands the request
+path prefill's JSON reply and decode's `DecodeAnswer`, never the HTTP client's own types. Failures come out as
+`LegFailure` with a kind that decides whether another attempt is worth it.
 """
 
 from __future__ import annotations
@@ -34,10 +36,6 @@ class LegFailure(Exception):
         self.status = status
         self.body = body
 
-    @property
-    def retryable(self) -> bool:
-        return self.kind != STATUS_4XX
-
 
 def nodelay_socket(addr_info: Any) -> socket.socket:
     """Client sockets with Nagle off from the start: a request's header and body writes must not wait for an ACK."""
@@ -67,10 +65,10 @@ def make_session(resolver: aiohttp.abc.AbstractResolver | None = None) -> aiohtt
     )
 
 
-def make_engine_client(resolver: aiohttp.abc.AbstractResolver | None = None) -> EngineClient:
+def make_leg_client(resolver: aiohttp.abc.AbstractResolver | None = None) -> LegClient:
     """The client for the prefill and decode legs, resolving engine hosts the way the session does."""
     if resolver is None:
-        return EngineClient()
+        return LegClient(EngineClient())
 
     async def resolve(host: str, port: int) -> str:
         found = await resolver.resolve(host, port, socket.AF_INET)
@@ -78,7 +76,7 @@ def make_engine_client(resolver: aiohttp.abc.AbstractResolver | None = None) -> 
             raise OSError(f"cannot resolve {host}")
         return str(found[0]["host"])
 
-    return EngineClient(resolve)
+    return LegClient(EngineClient(resolve))
 
 
 def leg_headers(request_id: str, api_key: str | None) -> dict[str, str]:
@@ -115,62 +113,97 @@ async def _status_failure(resp: EngineResponse) -> LegFailure:
     return LegFailure(kind, f"HTTP {resp.status}", status=resp.status, body=body)
 
 
-async def prefill(
-    client: EngineClient,
-    base: str,
-    path: str,
-    body: bytes,
-    headers: dict[str, str],
-    timeouts: TimeoutsConfig,
-    *,
-    replay: bool = False,
-) -> tuple[dict[str, Any], bool]:
-    """Run the prefill leg (`body` is the JSON to send, carrying decode's blocks when `replay`) on the engine at
-    `base`; returns prefill's JSON reply and whether the request had to go out twice (a stale keep-alive
-    connection)."""
-    resp: EngineResponse | None = None
-    try:
-        async with asyncio.timeout(timeouts.replay_prefill_seconds if replay else timeouts.prefill_seconds):
-            resp = await client.post(
-                base,
-                path,
-                body,
-                headers,
-                timeouts.connect_seconds,
-                resend_stale=may_resend_stale(replay),
-                max_idle=REPLAY_MAX_IDLE_SECONDS if replay else None,
-            )
-            if resp.status != 200:
-                raise await _status_failure(resp)
-            raw = await resp.read()
-    except LegFailure:
-        raise
-    except (TimeoutError, OSError) as exc:  # EngineConnectError and EngineDisconnected too
-        if resp is not None:
-            resp.close()
-        raise _classify(exc) from exc
-    try:
-        reply, _ = jsonio.loads(raw)
-    except ValueError as exc:
-        raise LegFailure(BROKEN, f"prefill reply is not JSON: {exc}") from exc
-    if not isinstance(reply, dict):
-        raise LegFailure(BROKEN, "prefill reply is not a JSON object")
-    return reply, resp.resent
+class LegClient:
+    """Sends the legs over one keep-alive HTTP client (its connections pooled per engine)."""
+
+    def __init__(self, client: EngineClient):
+        self._client = client
+
+    async def prefill(
+        self,
+        base: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        timeouts: TimeoutsConfig,
+        *,
+        replay: bool = False,
+    ) -> tuple[dict[str, Any], bool]:
+        """Run the prefill leg (`body` is the JSON to send, carrying decode's blocks when `replay`) on the engine at
+        `base`; returns prefill's JSON reply and whether the request had to go out twice (a stale keep-alive
+        connection)."""
+        resp: EngineResponse | None = None
+        try:
+            async with asyncio.timeout(timeouts.replay_prefill_seconds if replay else timeouts.prefill_seconds):
+                resp = await self._client.post(
+                    base,
+                    path,
+                    body,
+                    headers,
+                    timeouts.connect_seconds,
+                    resend_stale=may_resend_stale(replay),
+                    max_idle=REPLAY_MAX_IDLE_SECONDS if replay else None,
+                )
+                if resp.status != 200:
+                    raise await _status_failure(resp)
+                raw = await resp.read()
+        except LegFailure:
+            raise
+        except (TimeoutError, OSError) as exc:  # EngineConnectError and EngineDisconnected too
+            if resp is not None:
+                resp.close()
+            raise _classify(exc) from exc
+        try:
+            reply, _ = jsonio.loads(raw)
+        except ValueError as exc:
+            raise LegFailure(BROKEN, f"prefill reply is not JSON: {exc}") from exc
+        if not isinstance(reply, dict):
+            raise LegFailure(BROKEN, "prefill reply is not a JSON object")
+        return reply, resp.resent
+
+    async def open_decode(
+        self, base: str, path: str, body: bytes, headers: dict[str, str], timeouts: TimeoutsConfig
+    ) -> DecodeAnswer:
+        """Start the decode leg (`body` is the JSON to send) on the engine at `base`; returns its open 200 answer
+        (the caller reads it, then finishes or closes it)."""
+        try:
+            async with asyncio.timeout(timeouts.decode_first_byte_seconds):
+                resp = await self._client.post(base, path, body, headers, timeouts.connect_seconds)
+        except (TimeoutError, OSError) as exc:  # EngineConnectError and EngineDisconnected too
+            raise _classify(exc) from exc
+        if resp.status != 200:
+            raise await _status_failure(resp)
+        return DecodeAnswer(resp)
+
+    async def close(self) -> None:
+        await self._client.close()
 
 
-async def open_decode(
-    client: EngineClient, base: str, path: str, body: bytes, headers: dict[str, str], timeouts: TimeoutsConfig
-) -> EngineResponse:
-    """Start the decode leg (`body` is the JSON to send) on the engine at `base`; returns the open 200 response (the
-    caller reads it, then releases or closes it)."""
-    try:
-        async with asyncio.timeout(timeouts.decode_first_byte_seconds):
-            resp = await client.post(base, path, body, headers, timeouts.connect_seconds)
-    except (TimeoutError, OSError) as exc:  # EngineConnectError and EngineDisconnected too
-        raise _classify(exc) from exc
-    if resp.status != 200:
-        raise await _status_failure(resp)
-    return resp
+class DecodeAnswer:
+    """Decode's open 200 answer, as the relay reads it: whole (`read_body`) or as it arrives (`reader`). Closing it
+    cuts its connection, which makes the engine abort the request."""
+
+    __slots__ = ("_resp",)
+
+    def __init__(self, resp: EngineResponse):
+        self._resp = resp
+
+    @property
+    def resent(self) -> bool:
+        """The request went out twice (a stale keep-alive connection)."""
+        return self._resp.resent
+
+    async def read_body(self, idle_seconds: float) -> bytes:
+        """The whole body; its connection then goes back to the pool."""
+        raw = await read_body(self._resp, idle_seconds)
+        self._resp.release()
+        return raw
+
+    def reader(self, idle_seconds: float) -> ChunkReader:
+        return ChunkReader(self._resp, idle_seconds)
+
+    def close(self) -> None:
+        self._resp.close()
 
 
 class _Idle(Exception):
@@ -215,11 +248,12 @@ class ChunkReader:
         finally:
             self._waiting = False
 
-    def finish(self, resp: EngineResponse, end_within: float) -> None:
-        """Done reading `resp`: its connection goes back to the pool once the body has ended, which for a stream
+    def finish(self, end_within: float) -> None:
+        """Done reading: the response's connection goes back to the pool once the body has ended, which for a stream
         usually happens just after its last event; a body that broke, or has not ended within `end_within` seconds,
         is closed instead."""
         self.close()
+        resp = self._resp
         if resp.is_eof():
             resp.release()
         elif end_within <= 0 or resp.exception() is not None:

@@ -153,12 +153,13 @@ class RouterMetrics:
             Counter(
                 "duplex_router_rejected_requests",
                 "Client connections or requests refused at the edge, by reason: connections (503), inflight (503), "
-                "head_timeout and body_timeout (408), unauthorized (401).",
+                "head_timeout and body_timeout (408), unauthorized (401), write_timeout (a client that stopped "
+                "reading, cut).",
                 ["reason"],
                 registry=r,
             )
         )
-        for reason in ("connections", "inflight", "head_timeout", "body_timeout", "unauthorized"):
+        for reason in ("connections", "inflight", "head_timeout", "body_timeout", "unauthorized", "write_timeout"):
             self.rejected.labels(reason)
         self.kv_transfer_healthy = Gauge(
             "duplex_router_kv_transfer_healthy",
@@ -202,7 +203,7 @@ class RouterMetrics:
         )
         self.config_reloads = Counter(
             "duplex_router_config_reloads",
-            "Config file reloads by outcome (applied, invalid).",
+            "Config file reloads by outcome (applied, invalid, failed: valid but not applied, tried again).",
             ["outcome"],
             registry=r,
         )

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from duplex_sidecars import protocol
-from duplex_sidecars.http1.client import EngineClient, EngineResponse
 from duplex_sidecars.router import attempts, jsonio, legs, reuse
 from duplex_sidecars.router.attempts import BROKEN, CONNECT, STATUS_4XX, TIMEOUT
 from duplex_sidecars.router.calibration import Calibration
@@ -58,7 +57,7 @@ class Deps:
     engines: Engines
     pickers: dict[str, Picker]
     store: Store
-    client: EngineClient
+    client: legs.LegClient
     metrics: RouterMetrics
     engine_api_key: str | None = None
     fabric: FabricWatch | None = None  # told which engines read whose blocks
@@ -176,8 +175,8 @@ async def prefill(deps: Deps, ctx: Context, decode_attempt: int) -> dict[str, An
         started = time.perf_counter()
         try:
             with pool.busy(engine, expected):
-                reply, resent = await legs.prefill(
-                    deps.client, engine.url, turn.path, body, headers, cfg.timeouts, replay=current.replay
+                reply, resent = await deps.client.prefill(
+                    engine.url, turn.path, body, headers, cfg.timeouts, replay=current.replay
                 )
                 alone = alone and engine.inflight == 1
         except LegFailure as failure:
@@ -242,19 +241,19 @@ async def decode(deps: Deps, ctx: Context, engine: Engine, attempt: int, prefill
     headers = legs.leg_headers(turn.request_id + (f"-d{attempt}" if attempt else ""), deps.engine_api_key)
     started = time.perf_counter()
     with pool.busy(engine):
-        resp = await legs.open_decode(deps.client, engine.url, turn.path, body, headers, deps.config.timeouts)
-        if resp.resent:
+        answer = await deps.client.open_decode(engine.url, turn.path, body, headers, deps.config.timeouts)
+        if answer.resent:
             deps.metrics.resends.labels(DECODE).inc()
         deps.metrics.leg_duration.labels(DECODE).observe(time.perf_counter() - started)
         # The relay gives the connection back when it is done with the response. Anything else closes it: dropping
         # the connection makes the engine abort the request.
         try:
             if turn.stream:
-                await relay_stream(deps, ctx, engine, resp)
+                await relay_stream(deps, ctx, engine, answer)
             else:
-                await relay_body(deps, ctx, engine, resp)
+                await relay_body(deps, ctx, engine, answer)
         except BaseException:
-            resp.close()
+            answer.close()
             raise
 
 
@@ -269,10 +268,9 @@ def decode_failed(deps: Deps, turn: Turn, engine: Engine, failure: LegFailure) -
 # ---- 4. relay -------------------------------------------------------------------------------------------------------
 
 
-async def relay_body(deps: Deps, ctx: Context, engine: Engine, resp: EngineResponse) -> None:
+async def relay_body(deps: Deps, ctx: Context, engine: Engine, answer: legs.DecodeAnswer) -> None:
     turn, exchange = ctx.turn, ctx.exchange
-    raw = await legs.read_body(resp, deps.config.timeouts.decode_idle_seconds)
-    resp.release()  # read to its end: the connection goes back to the pool
+    raw = await answer.read_body(deps.config.timeouts.decode_idle_seconds)
     try:
         body, exact = jsonio.loads(raw)
     except ValueError as exc:
@@ -284,17 +282,17 @@ async def relay_body(deps: Deps, ctx: Context, engine: Engine, resp: EngineRespo
     reply = turn.api.reply_of_body(body) if exact else Reply(choices=0)
     out = jsonio.dumps(body, exact)
 
-    def answer() -> None:
+    def respond() -> None:
         exchange.respond(200, out, headers={"X-Request-Id": turn.request_id})
         elapsed = time.perf_counter() - turn.started
         deps.metrics.ttft.labels(turn.route, "false", ctx.reuse_label).observe(elapsed)
         deps.metrics.e2e.labels(turn.route, "false").observe(elapsed)
 
-    await answer_and_record(deps, ctx, engine, kv_params, reply, answer)
+    await answer_and_record(deps, ctx, engine, kv_params, reply, respond)
 
 
-async def relay_stream(deps: Deps, ctx: Context, engine: Engine, resp: EngineResponse) -> None:
-    reader = legs.ChunkReader(resp, deps.config.timeouts.decode_idle_seconds)
+async def relay_stream(deps: Deps, ctx: Context, engine: Engine, answer: legs.DecodeAnswer) -> None:
+    reader = answer.reader(deps.config.timeouts.decode_idle_seconds)
     relay = StreamRelay(ctx.turn.api.collector() if ctx.turn.keying else None, ctx.turn.api.stream)
     try:
         await _relay_events(deps, ctx, engine, reader, relay)
@@ -302,7 +300,7 @@ async def relay_stream(deps: Deps, ctx: Context, engine: Engine, resp: EngineRes
         reader.close()
     # The end of decode's chunked body usually comes just after [DONE]: the connection then goes back to the pool for
     # the next leg, without holding up this handler (the client has its answer already).
-    reader.finish(resp, _END_OF_BODY_SECONDS if relay.finished else 0)
+    reader.finish(_END_OF_BODY_SECONDS if relay.finished else 0)
 
 
 async def _relay_events(deps: Deps, ctx: Context, engine: Engine, reader: legs.ChunkReader, relay: StreamRelay) -> None:

@@ -139,7 +139,3 @@ def _parse(raw: bytes, lines: list[bytes]) -> SSEEvent:
         elif field == b"event":
             event = value.decode("utf-8", "replace")
     return SSEEvent(raw=raw, data=b"\n".join(data) if data else None, event=event)
-
-
-def encode_data(data: bytes) -> bytes:
-    return b"data: " + data + b"\n\n"

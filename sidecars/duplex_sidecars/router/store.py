@@ -21,7 +21,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from itertools import accumulate, chain
-from typing import Any, Protocol
+from typing import Any, Final, Literal, Protocol, cast
 
 import numpy as np
 import orjson
@@ -123,6 +123,7 @@ def pack_params(params: dict[str, Any]) -> bytes:
     among the keys, their shape, the other params] (shape null: nothing was packed and the params are all in the
     JSON); zlib-compressed, or behind a zero byte when that is under `_COMPRESS_FROM` bytes."""
     packed = _pack_block_ids(params[_IDS_KEY]) if _IDS_KEY in params else None
+    head: list[Any]
     if packed is None:
         head, deltas = [None, None, params], b""
     else:
@@ -138,6 +139,7 @@ def unpack_params(blob: bytes) -> dict[str, Any]:
     try:
         raw = blob[1:] if blob[:1] == _RAW else zlib.decompress(blob)
         size = int.from_bytes(raw[:4], "little")
+        params: dict[str, Any]
         position, shape, params = _load(memoryview(raw)[4 + size :])
         if shape is None:
             return params
@@ -171,8 +173,21 @@ def unpack_params(blob: bytes) -> dict[str, Any]:
 _ENTRY_FORMAT = b"\x01"
 
 # An entry as plain values: (decode_url, reason, covered kind, digest, length, scope, expires_at, blob, prefill_url).
-Row = tuple[str, str | None, str | None, str | None, int | None, str | None, float, bytes | None, str | None]
-_URL, _EXPIRES_AT, _BLOB, _PREFILL = 0, 6, 7, 8
+Row = tuple[
+    str,
+    str | None,
+    Literal["messages", "text"] | None,
+    str | None,
+    int | None,
+    str | None,
+    float,
+    bytes | None,
+    str | None,
+]
+_URL: Final = 0
+_EXPIRES_AT: Final = 6
+_BLOB: Final = 7
+_PREFILL: Final = 8
 
 
 def _row_bytes(row: Row) -> int:
@@ -246,7 +261,9 @@ class Entry:
     @classmethod
     def from_row(cls, row: Row) -> Entry:
         url, reason, kind, digest, length, scope, expires_at, blob, prefill = row
-        covered = Covered(kind=kind, digest=digest, length=length) if kind is not None else None
+        covered = None
+        if kind is not None:  # to_row writes kind, digest and length from one Covered: all three or none
+            covered = Covered(kind=kind, digest=cast(str, digest), length=cast(int, length))
         return cls(
             decode_url=url,
             reason=reason,
@@ -311,6 +328,19 @@ class Store(Protocol):
 
     def bytes_held(self) -> int | None:
         """Bytes the entries are counted as in this process; None when they are held elsewhere."""
+        ...
+
+    def bytes_bound(self) -> int | None:
+        """The bound `bytes_held` is kept under; None when the entries are held elsewhere."""
+        ...
+
+    def set_bounds(self, max_entries: int, max_bytes: int) -> None:
+        """Bound what this process holds (on a reload); a store that holds its entries elsewhere has bounds of its
+        own and ignores these."""
+        ...
+
+    async def upkeep(self) -> None:
+        """The router's maintenance pass, every few seconds: what the store must do besides answering requests."""
         ...
 
     def health(self) -> dict[str, Any]: ...
@@ -407,6 +437,16 @@ class MemoryStore:
         """Remove what has expired, and the oldest entries beyond the bounds (lowered by a reload); returns how many
         were evicted."""
         return self._sweep(self._clock(), evict=True)
+
+    async def upkeep(self) -> None:
+        await self.sweep()
+
+    def set_bounds(self, max_entries: int, max_bytes: int) -> None:
+        # Lower bounds evict the oldest entries at the next put or sweep.
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+
+    def bytes_bound(self) -> int:
+        return self.max_bytes
 
     async def size(self) -> int:
         return len(self._entries)
@@ -554,7 +594,16 @@ class RedisStore:
             return False
         return True
 
+    async def upkeep(self) -> None:
+        await self.ping()  # notices a Redis that is back before a request has to
+
+    def set_bounds(self, max_entries: int, max_bytes: int) -> None:
+        pass  # Redis's own maxmemory policy bounds it
+
     def bytes_held(self) -> None:
+        return None
+
+    def bytes_bound(self) -> None:
         return None
 
     def health(self) -> dict[str, Any]:

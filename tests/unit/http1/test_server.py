@@ -65,6 +65,13 @@ UVICORN_DIFFERS = {
     "test_stop_cancels_a_handler_that_outlives_the_grace": "graceful shutdown in whole seconds, at least 1",
     "test_a_trickled_request_meets_its_deadline": "no deadline for a request's head or body",
     "test_the_connection_cap_answers_503_and_keeps_serving_the_others": "its cap counts connections and tasks together",
+    "test_a_client_that_never_reads_is_cut_and_all_it_held_is_freed": "no deadline for a client that stops reading",
+    "test_a_whole_answer_nobody_reads_does_not_hold_the_connection": "no deadline for a client that stops reading",
+    "test_a_repeated_host_is_400": "accepts a second Host",
+    "test_trailer_fields_never_become_request_headers": "the adapter sees trailer fields among the headers",
+    "test_header_fields_over_the_cap_are_431": "no cap on header fields",
+    "test_a_flood_of_repeated_headers_is_431_at_once": "no cap on header fields",
+    "test_the_head_limit_counts_raw_bytes_with_their_separators": "no head size limit",
 }
 
 
@@ -1090,6 +1097,88 @@ async def test_drain_raises_client_gone_when_the_slow_reader_leaves(make_server,
     assert await asyncio.wait_for(outcome, 1.0) == "gone"
 
 
+async def test_a_client_that_never_reads_is_cut_and_all_it_held_is_freed(make_server, connect):
+    # A zero window: the client's receive buffer is tiny and it never reads. Without a deadline the handler would wait
+    # in drain() for ever, with its in-flight slot and the pipelined request queued behind it.
+    rejected = Rejections()
+    outcome: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def handler(request: Request) -> None:
+        if request.path != "/stream":
+            request.respond(200, b"")
+            return
+        request.start(200, {"Content-Type": "application/octet-stream"})
+        try:
+            for i in range(1024):  # 64 MB: far more than the socket buffers hold
+                request.write(piece(i, 64 << 10))
+                await request.drain()
+        except ClientGone:
+            outcome.set_result("gone")
+            raise
+        outcome.set_result("wrote everything")
+        request.end()
+
+    server = await make_server(handler, write_stall_seconds=0.3, on_reject=rejected)
+    client = await connect(server, rcvbuf=4096)
+    await client.send(get("/stream") + post("/queued", b"q" * 900))
+    await until(lambda: server._inflight == 1, PATIENCE)
+    [conn] = server._conns
+    await until(lambda: len(conn._queue) == 1, PATIENCE)
+    assert await asyncio.wait_for(outcome, PATIENCE) == "gone"
+    await until(lambda: server._inflight == 0 and not server._conns and not server._tasks, PATIENCE)
+    assert not conn._queue  # the queued request and its body are let go
+    assert rejected == ["write_timeout"]
+
+
+async def test_a_whole_answer_nobody_reads_does_not_hold_the_connection(make_server, connect):
+    # The handler is done, but its answer sits in the write buffer of a client that never reads: closing would wait
+    # for it to go out for ever, and the idle timer never fires while the answer is pending.
+    rejected = Rejections()
+
+    async def handler(request: Request) -> None:
+        request.respond(200, b"x" * (16 << 20), "application/octet-stream")
+
+    server = await make_server(handler, idle=60.0, write_stall_seconds=0.3, on_reject=rejected)
+    client = await connect(server, rcvbuf=4096)
+    await client.send(get("/"))
+    await until(lambda: server._conns, PATIENCE)
+    await until(lambda: not server._conns, PATIENCE)
+    assert rejected == ["write_timeout"]
+
+
+@pytest.mark.parametrize("answer", ["stream", "whole"])
+async def test_a_slow_reader_that_keeps_reading_is_not_cut(make_server, connect, answer):
+    # The deadline is for a client that reads nothing, not for one slower than the handler: a whole answer of 24 MB
+    # stays over the high-water mark for longer than the deadline, but the client reads some of it all the while.
+    size = (384 if answer == "whole" else 128) * (64 << 10)
+
+    async def handler(request: Request) -> None:
+        if answer == "whole":
+            request.respond(200, b"".join(piece(i, 64 << 10) for i in range(384)), "application/octet-stream")
+            return
+        request.start(200, {"Content-Type": "application/octet-stream"})
+        for i in range(128):  # 8 MB
+            request.write(piece(i, 64 << 10))
+            await request.drain()
+        request.end()
+
+    # Reading 64 KiB every 10 ms at most (3 s and more for the whole answer), the client leaves the server's buffers
+    # full most of the time; the kernel's send buffer (up to 4 MB) wakes the writer only when half of it is free.
+    server = await make_server(handler, write_stall_seconds=2.0)
+    client = await connect(server, rcvbuf=64 << 10)
+    await client.send(get("/"))
+    head = await asyncio.wait_for(client.reader.readuntil(b"\r\n\r\n"), PATIENCE)
+    assert b" 200 " in head
+    got = 0
+    async with asyncio.timeout(PATIENCE * 4):
+        while data := await client.reader.read(64 << 10):
+            got += len(data)
+            if got >= size and (answer == "whole" or data.endswith(b"0\r\n\r\n")):
+                break
+            await asyncio.sleep(0.01)
+    assert got >= size  # all of it, not cut
+
+
 # ---- what a client can make the server hold: time, connections, requests in flight -----------------------------
 
 
@@ -1213,3 +1302,85 @@ async def test_repeated_headers_are_known_to_the_handler(make_server, connect):
     await client.send(get("/", b"Authorization: a", b"authorization: b", b"X-Conversation-Id: c"))
     assert (await client.reply()).status == 200
     assert seen == {"auth": True, "conv": False}
+
+
+async def test_a_repeated_host_is_400(make_server, connect):
+    # RFC 9112 3.2: more than one Host is a 400, whatever the version.
+    handler = Recording()
+    server = await make_server(handler)
+    for version in (b"1.1", b"1.0"):
+        client = await connect(server)
+        await client.send(b"GET /x HTTP/%s\r\nHost: a\r\nHost: b\r\n\r\n" % version)
+        reply = await client.reply()
+        assert reply.status == 400 and "Host" in reply.json()["error"]["message"]
+        assert await client.closed()
+    assert handler.calls == []
+
+
+async def test_trailer_fields_never_become_request_headers(make_server, connect):
+    # A gateway checks the head; what comes after the body (a chunked trailer) must not add to it or change it.
+    seen: dict[str, Any] = {}
+
+    async def handler(request: Request) -> None:
+        seen.update(
+            headers=dict(request.headers),
+            auth_repeated=request.repeated("Authorization"),
+            body=request.body,
+        )
+        request.respond(200, b"")
+
+    server = await make_server(handler)
+    client = await connect(server)
+    await client.send(
+        b"POST /t HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer head\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n0\r\nAuthorization: Bearer trailer\r\nX-Conversation-Id: smuggled\r\n\r\n"
+    )
+    assert (await client.reply()).status == 200
+    assert seen["body"] == b"hello"
+    assert seen["headers"]["authorization"] == "Bearer head" and not seen["auth_repeated"]
+    assert "x-conversation-id" not in seen["headers"]
+    await client.send(b"POST /t HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nAuthorization: x\r\n\r\n")
+    assert (await client.reply()).status == 200
+    assert "authorization" not in seen["headers"]
+
+
+async def test_header_fields_over_the_cap_are_431(make_server, connect):
+    handler = Recording()
+    server = await make_server(handler)
+    at_cap = await connect(server)
+    await at_cap.send(get("/at-cap", *[b"X-A: v"] * 99))  # with Host: 100 fields, the default cap
+    assert (await at_cap.reply()).status == 200
+    over = await connect(server)
+    await over.send(get("/over", *[b"X-A: v"] * 100))
+    reply = await over.reply()
+    assert reply.status == 431 and reply.header("Connection") == "close"
+    assert await over.closed()
+    assert handler.calls == ["/at-cap"]
+
+
+async def test_a_flood_of_repeated_headers_is_431_at_once(make_server, connect):
+    # 32k repeats of a 5-byte field (160 KB): joined one by one, each repeat copied all before it.
+    handler = Recording()
+    server = await make_server(handler)
+    client = await connect(server)
+    client.writer.write(b"GET / HTTP/1.1\r\nHost: t\r\n" + b"a:b\r\n" * 32000 + b"\r\n")  # refused before read
+    reply = await client.reply()
+    assert reply.status == 431
+    assert handler.calls == []
+
+
+async def test_the_head_limit_counts_raw_bytes_with_their_separators(make_server, connect):
+    # Names and values alone stay under the limit; with each line's ": " and CRLF the head is over it.
+    handler = Recording()
+    server = await make_server(handler)
+    client = await connect(server)
+    value = b"v" * 719
+    lines = [b"X-%05d: %s" % (i, value) for i in range(90)]
+    names_and_values = sum(len(line) - 2 for line in lines)
+    request = get("/", *lines)
+    assert names_and_values < MAX_HEAD_BYTES - 100 < MAX_HEAD_BYTES < len(request)
+    await client.send(request)
+    reply = await client.reply()
+    assert reply.status == 431
+    assert await client.closed()
+    assert handler.calls == []

@@ -30,16 +30,25 @@ def digest(history: Any) -> str | None:
 words = st.text(alphabet="abcdefgh ", min_size=1, max_size=12)
 user_item = st.builds(lambda t: {"role": "user", "content": t}, words)
 output_item = st.builds(
-    lambda t, i: {"type": "message", "role": "assistant", "id": f"msg_{i}", "status": "completed",
-                  "content": [{"type": "output_text", "text": t, "annotations": []}]},
-    words, st.integers(0, 99),
-)  # fmt: skip
+    lambda t, i: {
+        "type": "message",
+        "role": "assistant",
+        "id": f"msg_{i}",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": t, "annotations": []}],
+    },
+    words,
+    st.integers(0, 99),
+)
 call_item = st.builds(
     lambda n, a, c: {"type": "function_call", "call_id": f"call_{c}", "name": n, "arguments": a, "id": f"fc_{c}"},
-    st.sampled_from(["read", "write"]), st.sampled_from(['{"p":1}', '{"p":2}']), st.integers(0, 9),
-)  # fmt: skip
-output_of_call = st.builds(lambda c, o: {"type": "function_call_output", "call_id": f"call_{c}", "output": o},
-                           st.integers(0, 9), words)  # fmt: skip
+    st.sampled_from(["read", "write"]),
+    st.sampled_from(['{"p":1}', '{"p":2}']),
+    st.integers(0, 9),
+)
+output_of_call = st.builds(
+    lambda c, o: {"type": "function_call_output", "call_id": f"call_{c}", "output": o}, st.integers(0, 9), words
+)
 responses_items = st.lists(st.one_of(user_item, output_item, call_item, output_of_call), min_size=1, max_size=6)
 
 
@@ -100,20 +109,34 @@ def test_responses_digest_ignores_what_never_reaches_the_prompt(items):
 
 def test_responses_history_is_the_previous_input_and_output():
     first = {"model": "m", "instructions": "sys", "input": [{"role": "user", "content": "hi"}]}
-    reply = responses.reply_of_body({"status": "completed", "output": [
-        {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
-         "content": [{"type": "output_text", "text": "hello", "annotations": []}]},
-        {"type": "function_call", "call_id": "c1", "name": "read", "arguments": "{}", "id": "fc_1"},
-    ]})  # fmt: skip
+    reply = responses.reply_of_body(
+        {
+            "status": "completed",
+            "output": [
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "id": "msg_1",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": "hello", "annotations": []}],
+                },
+                {"type": "function_call", "call_id": "c1", "name": "read", "arguments": "{}", "id": "fc_1"},
+            ],
+        }
+    )
     assert reply.finish_reason == "tool_calls" and reply.content == "hello" and len(reply.tool_calls) == 1
     history = responses.history(first)
     covered = responses.covered(history, reply)
-    follow_up = {"model": "m", "instructions": "sys", "input": [
-        {"role": "user", "content": "hi"},
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hello"}]},
-        {"type": "function_call", "call_id": "c1", "name": "read", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "c1", "output": "file contents"},
-    ]}  # fmt: skip
+    follow_up = {
+        "model": "m",
+        "instructions": "sys",
+        "input": [
+            {"role": "user", "content": "hi"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hello"}]},
+            {"type": "function_call", "call_id": "c1", "name": "read", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "file contents"},
+        ],
+    }
     next_history = responses.history(follow_up)
     assert next_history.turn_boundary == 3  # system, user, then the folded assistant message: up to it
     assert next_history.matches(covered)
@@ -129,14 +152,18 @@ def test_responses_uncomparable_inputs_are_none():
 # -- Messages ---------------------------------------------------------------------------------------------------
 
 text_block = st.builds(lambda t: {"type": "text", "text": t}, words)
-tool_use = st.builds(lambda i, p: {"type": "tool_use", "id": f"tu_{i}", "name": "read", "input": {"p": p}},
-                     st.integers(0, 9), st.integers(0, 3))  # fmt: skip
-tool_result = st.builds(lambda i, t: {"type": "tool_result", "tool_use_id": f"tu_{i}", "content": t},
-                        st.integers(0, 9), words)  # fmt: skip
+tool_use = st.builds(
+    lambda i, p: {"type": "tool_use", "id": f"tu_{i}", "name": "read", "input": {"p": p}},
+    st.integers(0, 9),
+    st.integers(0, 3),
+)
+tool_result = st.builds(
+    lambda i, t: {"type": "tool_result", "tool_use_id": f"tu_{i}", "content": t}, st.integers(0, 9), words
+)
 user_message = st.builds(
-    lambda c: {"role": "user", "content": c}, st.one_of(words, st.lists(st.one_of(text_block, tool_result), min_size=1,
-                                                                         max_size=3))
-)  # fmt: skip
+    lambda c: {"role": "user", "content": c},
+    st.one_of(words, st.lists(st.one_of(text_block, tool_result), min_size=1, max_size=3)),
+)
 assistant_message = st.builds(
     lambda c: {"role": "assistant", "content": c}, st.lists(st.one_of(text_block, tool_use), min_size=1, max_size=3)
 )
@@ -185,18 +212,33 @@ def test_messages_digest_ignores_what_never_reaches_the_prompt(conversation):
 
 def test_messages_history_is_the_previous_messages_and_the_returned_blocks():
     first = {"model": "m", "max_tokens": 8, "system": "sys", "messages": [{"role": "user", "content": "hi"}]}
-    reply = anthropic.reply_of_body({"stop_reason": "tool_use", "content": [
-        {"type": "text", "text": "let me look"},
-        {"type": "tool_use", "id": "tu_1", "name": "read", "input": {"p": 1}},
-    ]})  # fmt: skip
+    reply = anthropic.reply_of_body(
+        {
+            "stop_reason": "tool_use",
+            "content": [
+                {"type": "text", "text": "let me look"},
+                {"type": "tool_use", "id": "tu_1", "name": "read", "input": {"p": 1}},
+            ],
+        }
+    )
     assert reply.finish_reason == "tool_calls" and reply.content == "let me look"
     covered = anthropic.covered(anthropic.history(first), reply)
-    follow_up = {"model": "m", "max_tokens": 8, "system": [{"type": "text", "text": "sys"}], "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
-        {"role": "assistant", "content": [{"type": "text", "text": "let me look"},
-                                          {"type": "tool_use", "id": "tu_1", "name": "read", "input": {"p": 1}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu_1", "content": "data"}]},
-    ]}  # fmt: skip
+    follow_up = {
+        "model": "m",
+        "max_tokens": 8,
+        "system": [{"type": "text", "text": "sys"}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "let me look"},
+                    {"type": "tool_use", "id": "tu_1", "name": "read", "input": {"p": 1}},
+                ],
+            },
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu_1", "content": "data"}]},
+        ],
+    }
     assert anthropic.history(follow_up).matches(covered)
 
 

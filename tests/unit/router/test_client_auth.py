@@ -3,6 +3,8 @@ otherwise, in each API's error shape), the key's name is the tenant, and a rotat
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from duplex_sidecars.router.client_auth import ClientKeys, presented_key
 
 USER = {"role": "user", "content": "hi"}
@@ -64,3 +66,24 @@ async def test_the_key_names_the_tenant(make_rig, tmp_path):
     assert rig.metric("duplex_router_kv_reuse_hits_total") == 1
     # a client's own credentials never reach an engine
     assert all("key-a" not in str(s.headers.get("Authorization")) for s in rig.p.seen + rig.d.seen)
+
+
+def test_a_key_file_that_cannot_be_read_costs_only_its_tenant(tmp_path, monkeypatch):
+    # A revoked key must stop working even when another file cannot be read at that moment (a Secret's files are
+    # swapped under the reader); the unreadable one is read again next time.
+    d = keys_dir(tmp_path, alice="key-a", bob="key-b")
+    keys = ClientKeys(str(d))
+    read_bytes = Path.read_bytes
+
+    def flaky(path: Path) -> bytes:
+        if path.name == "bob":
+            raise PermissionError(13, "Permission denied", str(path))
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", flaky)
+    (d / "alice").write_text("rotated")
+    assert keys.refresh()
+    assert keys.tenant_for("key-a") is None and keys.tenant_for("rotated") == "alice"
+    assert keys.tenant_for("key-b") is None  # not read: refused, never stale
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    assert keys.refresh() and keys.tenant_for("key-b") == "bob"

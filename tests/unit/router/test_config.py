@@ -220,3 +220,82 @@ async def test_maintenance_keeps_the_store_gauges_current(monkeypatch):
         assert sample("duplex_router_store_entries") == 1
     finally:
         await router.stop()
+
+
+def _reloading(path, **config) -> dict:
+    return {
+        "prefill": ["http://127.0.0.1:9"],
+        "decode": ["http://127.0.0.1:10"],
+        "reload_interval_seconds": 0.05,
+        "health_check": {"interval_seconds": 60, "timeout_seconds": 0.2},
+        **config,
+    }
+
+
+def _write(path, data: dict) -> None:
+    path.write_text(yaml.safe_dump(data))
+    st = path.stat()
+    os.utime(path, ns=(st.st_mtime_ns + 10**9, st.st_mtime_ns + 10**9))
+
+
+async def _eventually(condition, timeout: float = 5.0) -> bool:
+    for _ in range(int(timeout / 0.02)):
+        if condition():
+            return True
+        await asyncio.sleep(0.02)
+    return condition()
+
+
+async def test_a_reload_that_fails_while_applying_is_logged_and_applied_next_round(tmp_path, caplog):
+    # An endpoint change that raises once must not leave the change unapplied for good: the file is read again.
+    path = tmp_path / "r.yaml"
+    _write(path, _reloading(path))
+    source = ConfigSource(str(path))
+    router = Router(source.load(), source)
+    await router.start()
+    try:
+        use_endpoints, failures = router._use_endpoints, [RuntimeError("injected endpoint failure")]
+
+        async def flaky(config: RouterConfig) -> None:
+            if failures:
+                raise failures.pop()
+            await use_endpoints(config)
+
+        router._use_endpoints = flaky  # type: ignore[method-assign]
+        _write(path, _reloading(path, decode=["http://127.0.0.1:11"]))
+        assert await _eventually(lambda: list(router.engines.decode.engines) == ["http://127.0.0.1:11"])
+        assert not failures and "injected endpoint failure" in caplog.text
+        reloads = router.metrics.registry.get_sample_value
+        assert reloads("duplex_router_config_reloads_total", {"outcome": "failed"}) == 1
+        assert reloads("duplex_router_config_reloads_total", {"outcome": "applied"}) == 1
+    finally:
+        await router.stop()
+
+
+async def test_a_client_keys_refresh_that_fails_does_not_stop_config_reloads(tmp_path, caplog):
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "alice").write_text("key-a")
+    path = tmp_path / "r.yaml"
+    _write(path, _reloading(path, client_keys_dir=str(keys)))
+    source = ConfigSource(str(path))
+    router = Router(source.load(), source)
+    await router.start()
+    try:
+        client_keys = router.live.client_keys
+        assert client_keys is not None and client_keys.tenant_for("key-a") == "alice"
+        refresh = client_keys.refresh
+
+        def broken() -> bool:
+            raise RuntimeError("injected keys failure")
+
+        client_keys.refresh = broken  # type: ignore[method-assign]
+        _write(path, _reloading(path, client_keys_dir=str(keys), max_body_bytes=4321))
+        assert await _eventually(lambda: router.config.max_body_bytes == 4321)
+        assert "injected keys failure" in caplog.text
+        # and once the keys read again, a revoked key stops working
+        client_keys.refresh = refresh  # type: ignore[method-assign]
+        (keys / "alice").unlink()
+        assert await _eventually(lambda: router.live.client_keys is not None and not len(router.live.client_keys))
+    finally:
+        await router.stop()

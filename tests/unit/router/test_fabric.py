@@ -10,19 +10,21 @@ from duplex_sidecars.router.metrics import RouterMetrics
 
 def scrape(bytes_: float, seconds: float, reads: float, failed: float = 0, expired: float = 0) -> str:
     labels = '{model_name="m",engine="0"}'
-    return "\n".join([
-        "# TYPE vllm:nixl_bytes_transferred histogram",
-        f"vllm:nixl_bytes_transferred_sum{labels} {bytes_}",
-        f"vllm:nixl_bytes_transferred_count{labels} {reads}",
-        "# TYPE vllm:nixl_xfer_time_seconds histogram",
-        f"vllm:nixl_xfer_time_seconds_sum{labels} {seconds}",
-        f"vllm:nixl_xfer_time_seconds_count{labels} {reads}",
-        "# TYPE vllm:nixl_num_failed_transfers counter",
-        f"vllm:nixl_num_failed_transfers_total{labels} {failed}",
-        "# TYPE vllm:nixl_num_kv_expired_reqs counter",
-        f"vllm:nixl_num_kv_expired_reqs_total{labels} {expired}",
-        "",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "# TYPE vllm:nixl_bytes_transferred histogram",
+            f"vllm:nixl_bytes_transferred_sum{labels} {bytes_}",
+            f"vllm:nixl_bytes_transferred_count{labels} {reads}",
+            "# TYPE vllm:nixl_xfer_time_seconds histogram",
+            f"vllm:nixl_xfer_time_seconds_sum{labels} {seconds}",
+            f"vllm:nixl_xfer_time_seconds_count{labels} {reads}",
+            "# TYPE vllm:nixl_num_failed_transfers counter",
+            f"vllm:nixl_num_failed_transfers_total{labels} {failed}",
+            "# TYPE vllm:nixl_num_kv_expired_reqs counter",
+            f"vllm:nixl_num_kv_expired_reqs_total{labels} {expired}",
+            "",
+        ]
+    )
 
 
 def test_counters_are_read_off_vllms_histograms():
@@ -40,8 +42,10 @@ def watch() -> tuple[FabricWatch, RouterMetrics]:
 def test_bandwidth_is_the_deltas_between_scrapes_and_goes_to_the_pairs_read():
     fabric, metrics = watch()
     engine = EngineFabric("http://p0", PREFILL)
+    # The first scrape counts every read since the engine started (its counters start at zero with it): reads of a
+    # conversation that ended before the router first looked are measured too.
     fabric._update(engine, counters_of(scrape(1e9, 1.0, 5)), set())
-    assert engine.gbps is None  # one scrape says nothing about an interval
+    assert engine.gbps == 1.0 and engine.reads == 5
     fabric._update(engine, counters_of(scrape(1e9 + 8e9, 1.0 + 2.0, 9, failed=1, expired=1)), {"http://d0"})
     assert engine.gbps == 4.0 and engine.reads == 4 and engine.read_from == {"http://d0"}
     assert metrics.total("duplex_router_kv_read_bandwidth_bytes_per_second", endpoint="http://p0") == 4e9

@@ -163,10 +163,16 @@ async def test_subagents_of_one_harness_session_do_not_take_each_others_blocks(m
     main, sub = USER, {"role": "user", "content": "Subtask: list the files."}
     _, _, main_text = await rig.chat([main], conv=None, headers=session)
     _, _, sub_text = await rig.chat([sub], conv=None, headers=session)
-    await rig.chat([sub, {"role": "assistant", "content": sub_text}, {"role": "user", "content": "go on"}], conv=None,
-                   headers=session)  # fmt: skip
-    await rig.chat([main, {"role": "assistant", "content": main_text}, {"role": "user", "content": "go on"}],
-                   conv=None, headers=session)  # fmt: skip
+    await rig.chat(
+        [sub, {"role": "assistant", "content": sub_text}, {"role": "user", "content": "go on"}],
+        conv=None,
+        headers=session,
+    )
+    await rig.chat(
+        [main, {"role": "assistant", "content": main_text}, {"role": "user", "content": "go on"}],
+        conv=None,
+        headers=session,
+    )
     assert rig.metric("duplex_router_kv_reuse_hits_total") == 2
 
 

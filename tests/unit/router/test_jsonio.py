@@ -74,3 +74,16 @@ def test_lost_precision_looks_for_an_exponent_only():
 def test_values_only_read_skip_the_precision_check():
     parsed, exact = loads(b"123456789012345678901234567890", written_back=False)
     assert exact and math.isclose(parsed, 1.2345678901234568e29)
+
+
+@pytest.mark.parametrize("depth", [255, 300, 2000, 100_000])
+def test_json_nested_too_deep_to_write_back_is_a_value_error(depth):
+    # orjson writes at most 254 levels, and the standard library recurses once a level: neither may escape as
+    # anything but the ValueError invalid JSON is.
+    with pytest.raises(ValueError, match="nested too deeply"):
+        loads(b"[" * depth + b"]" * depth)
+
+
+def test_json_nested_as_deep_as_orjson_writes_is_read():
+    parsed, exact = loads(b"[" * 254 + b"]" * 254)
+    assert exact and dumps(parsed) == b"[" * 254 + b"]" * 254

@@ -109,7 +109,7 @@ async def test_a_finished_stream_gives_its_connection_back_when_its_body_ends(bo
     client = body_of.client
     reader = ChunkReader(resp, 1)
     assert await reader.read() == b"data: [DONE]\n\n"
-    reader.finish(resp, 5)  # returns at once
+    reader.finish(5)  # returns at once
     assert client.connections() == (0, 1)
     await asyncio.sleep(0.5)
     assert not resp.closed
@@ -120,7 +120,7 @@ async def test_a_stream_whose_body_does_not_end_is_closed_after_a_while(body_of)
     resp = await body_of([(0, b"a"), (3, b"b")])
     reader = ChunkReader(resp, 5)
     assert await reader.read() == b"a"
-    reader.finish(resp, 0.2)
+    reader.finish(0.2)
     assert not resp.closed
     await asyncio.sleep(0.5)
     assert resp.closed
@@ -132,5 +132,5 @@ async def test_a_broken_stream_is_closed_at_once(body_of):
     assert await reader.read() == b"a"
     with pytest.raises(LegFailure):
         await reader.read()
-    reader.finish(resp, 5)
+    reader.finish(5)
     assert resp.closed

@@ -77,18 +77,31 @@ def uncomparable(t):
         ("nothing stored", turn(FOLLOW_UP), None, {D1}, "no_entry", None),
         ("tombstone", turn(FOLLOW_UP), Entry(D1, reason="not_replayable"), {D1}, "not_replayable", D1),
         ("decode sent no params", turn(FOLLOW_UP), Entry(D1, reason=reuse.NO_PARAMS), {D1}, "no_params", D1),
-        ("streamed, no params", turn(FOLLOW_UP), Entry(D1, reason=reuse.STREAM_NO_PARAMS), {D1}, "stream_no_params", D1),
+        (
+            "streamed, no params",
+            turn(FOLLOW_UP),
+            Entry(D1, reason=reuse.STREAM_NO_PARAMS),
+            {D1},
+            "stream_no_params",
+            D1,
+        ),
         ("engine left (tombstone)", turn(FOLLOW_UP), Entry(D1, reason="endpoint_gone"), {D1}, "endpoint_gone", None),
         ("expired", turn(FOLLOW_UP), stored_entry(expired=True), {D1}, "expired", D1),
         ("engine left", turn(FOLLOW_UP), stored_entry(), {D2}, "endpoint_gone", None),
         ("other tools", turn(FOLLOW_UP, tools=[{"type": "function"}]), stored_entry(), {D1}, "scope_mismatch", D1),
-        ("edited", turn([USER, {"role": "assistant", "content": "HELLO"}, USER]), stored_entry(), {D1},
-         "history_mismatch", D1),
+        (
+            "edited",
+            turn([USER, {"role": "assistant", "content": "HELLO"}, USER]),
+            stored_entry(),
+            {D1},
+            "history_mismatch",
+            D1,
+        ),
         ("truncated", turn([{"role": "user", "content": "more"}]), stored_entry(), {D1}, "history_mismatch", D1),
         ("undecodable params", turn(FOLLOW_UP), stored_entry(blob=b"\x01garbage"), {D1}, "store_error", D1),
     ],
     ids=lambda v: v if isinstance(v, str) and " " in v else "",
-)  # fmt: skip
+)
 def test_each_miss_reason(case, the_turn, entry, endpoints, reason, sticky):
     decision = reuse.decide(the_turn, entry, endpoints)
     assert not decision.hit and decision.params is None

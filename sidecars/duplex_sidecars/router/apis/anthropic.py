@@ -196,10 +196,20 @@ API = Api(
     path="/v1/messages",
     checks=(
         ("stream", False, lambda v: isinstance(v, bool), "'stream' must be a boolean.", "invalid_type"),
-        ("messages", True, lambda v: isinstance(v, list) and bool(v) and all(isinstance(m, dict) for m in v),
-         "'messages' is required and must be a non-empty array of message objects.", "invalid_messages"),
-        ("max_tokens", True, lambda v: is_int(v) and v > 0, "'max_tokens' is required and must be a positive integer.",
-         "invalid_max_tokens"),
+        (
+            "messages",
+            True,
+            lambda v: isinstance(v, list) and bool(v) and all(isinstance(m, dict) for m in v),
+            "'messages' is required and must be a non-empty array of message objects.",
+            "invalid_messages",
+        ),
+        (
+            "max_tokens",
+            True,
+            lambda v: is_int(v) and v > 0,
+            "'max_tokens' is required and must be a positive integer.",
+            "invalid_max_tokens",
+        ),
     ),
     legs=LegShape(max_tokens=("max_tokens",)),
     history=history,
@@ -213,4 +223,4 @@ API = Api(
     error_body=error_body,
     covered=covered,
     tenant_headers=("x-api-key",),
-)  # fmt: skip
+)

@@ -48,9 +48,14 @@ def is_int(value: Any) -> bool:
 
 
 MODEL_CHECK: tuple[FieldCheck, ...] = (
-    ("model", True, lambda v: isinstance(v, str) and bool(v), "'model' is required and must be a non-empty string.",
-     "missing_model"),
-)  # fmt: skip
+    (
+        "model",
+        True,
+        lambda v: isinstance(v, str) and bool(v),
+        "'model' is required and must be a non-empty string.",
+        "missing_model",
+    ),
+)
 
 
 def check_fields(checks: tuple[FieldCheck, ...], body: dict[str, Any], error: Callable[[str, str], Exception]) -> None:

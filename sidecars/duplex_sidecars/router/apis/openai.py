@@ -27,10 +27,20 @@ CHAT = Api(
     path="/v1/chat/completions",
     checks=(
         _STREAM,
-        ("messages", True, lambda v: isinstance(v, list) and bool(v),
-         "'messages' is required and must be a non-empty array.", "invalid_messages"),
-        ("messages", True, lambda v: all(isinstance(m, dict) for m in v), "Each message must be an object.",
-         "invalid_messages"),
+        (
+            "messages",
+            True,
+            lambda v: isinstance(v, list) and bool(v),
+            "'messages' is required and must be a non-empty array.",
+            "invalid_messages",
+        ),
+        (
+            "messages",
+            True,
+            lambda v: all(isinstance(m, dict) for m in v),
+            "Each message must be an object.",
+            "invalid_messages",
+        ),
         *_OPTIONS,
     ),
     legs=OPENAI_LEGS,
@@ -41,7 +51,7 @@ CHAT = Api(
     collector=lambda: ReplyCollector(CHAT_ROUTE),
     stream=StreamShape(),
     error_body=lambda status, message, type_, code: error_json(status, message, type_, code),
-)  # fmt: skip
+)
 
 COMPLETIONS = Api(
     route=COMPLETIONS_ROUTE,

@@ -15,7 +15,7 @@ engine are different processes, and neither holds the other's stored responses.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from duplex_sidecars.protocol import PREFILL_DROPPED_FIELDS, LegShape
 from duplex_sidecars.router.apis.api import Api, is_int
@@ -153,7 +153,7 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     except _Uncomparable:
         return None
     normalized = [normalize_message(m) for m in messages]
-    return None if any(m is None for m in normalized) else normalized  # type: ignore[return-value]
+    return None if any(m is None for m in normalized) else cast(list[dict[str, Any]], normalized)
 
 
 def history(body: dict[str, Any]) -> History | None:
@@ -221,8 +221,13 @@ API = Api(
     path="/v1/responses",
     checks=(
         ("stream", False, lambda v: isinstance(v, bool), "'stream' must be a boolean.", "invalid_type"),
-        ("input", True, lambda v: isinstance(v, (str, list)), "'input' is required: a string or a list of items.",
-         "invalid_input"),
+        (
+            "input",
+            True,
+            lambda v: isinstance(v, (str, list)),
+            "'input' is required: a string or a list of items.",
+            "invalid_input",
+        ),
         ("max_output_tokens", False, is_int, "'max_output_tokens' must be an integer.", "invalid_type"),
         ("previous_response_id", False, lambda v: False, PREVIOUS_RESPONSE_ID, "unsupported_parameter"),
     ),
@@ -235,4 +240,4 @@ API = Api(
     stream=StreamShape(done_marker=False, terminal_events=_TERMINAL, plain_chunks=False, error=stream_error),
     error_body=lambda status, message, type_, code: error_json(status, message, type_, code),
     covered=covered,
-)  # fmt: skip
+)
