@@ -64,8 +64,9 @@ def sims() -> Iterator[dict[str, SimProcess]]:
 
 # -- HTTP -------------------------------------------------------------------------------------------------------
 def post(sim: SimProcess, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(sim.url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    req = urllib.request.Request(
+        sim.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             assert resp.headers["Content-Type"].startswith("application/json")
@@ -76,8 +77,9 @@ def post(sim: SimProcess, path: str, body: dict[str, Any]) -> tuple[int, dict[st
 
 def stream(sim: SimProcess, path: str, body: dict[str, Any]) -> tuple[list[tuple[str, dict[str, Any]]], bytes]:
     """The SSE events (name, data) and the raw bytes; every frame must be exactly `event:` + `data:`."""
-    req = urllib.request.Request(sim.url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    req = urllib.request.Request(
+        sim.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
         raw = resp.read()
@@ -128,8 +130,9 @@ def responses_prefill(p: SimProcess, body: dict[str, Any], params: dict[str, Any
     return out
 
 
-def responses_turn(p: SimProcess, d: SimProcess, body: dict[str, Any], replay: dict[str, Any] | None = None,
-                   streamed: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+def responses_turn(
+    p: SimProcess, d: SimProcess, body: dict[str, Any], replay: dict[str, Any] | None = None, streamed: bool = False
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """(prefill's response, decode's final response object)."""
     prefill = responses_prefill(p, body, pr.replay_params(replay) if replay else pr.miss_params())
     leg = {**body, KV: prefill[KV]}
@@ -154,8 +157,12 @@ def reply_text(response: dict[str, Any]) -> str:
 
 def test_responses_turn_then_follow_up_reads_decodes_blocks(sims):
     p, d = sims["prefill"], sims["decode"]
-    body = {"model": "sim", "instructions": _tag(), "input": "How do I reef a mainsail in a squall?",
-            "max_output_tokens": 40}  # fmt: skip
+    body = {
+        "model": "sim",
+        "instructions": _tag(),
+        "input": "How do I reef a mainsail in a squall?",
+        "max_output_tokens": 40,
+    }
     dm = Meter(d)
     prefill, decode = responses_turn(p, d, body)
     pp, dp = prefill[KV], decode[KV]
@@ -195,14 +202,19 @@ def test_responses_stream_carries_params_on_the_terminal_response_only(sims):
     events, raw = stream(d, "/v1/responses", {**body, "stream": True, KV: prefill[KV]})
 
     names = [name for name, _ in events]
-    assert names[:5] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added", "response.output_text.delta"]  # fmt: skip
+    assert names[:5] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+    ]
     assert names[-4:] == [
         "response.output_text.done",
         "response.content_part.done",
         "response.output_item.done",
         "response.completed",
-    ]  # fmt: skip  (no cap: the reply ends with EOS)
+    ]  # no cap: the reply ends with EOS
     assert [data["type"] for _, data in events] == names
     assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
     # The response object rides on created, in_progress and the terminal event: null params, then decode's.
@@ -273,8 +285,12 @@ def messages_follow_up(body: dict[str, Any], reply_content: list[dict[str, Any]]
 
 def test_messages_turn_then_follow_up_reads_decodes_blocks(sims):
     p, d = sims["prefill"], sims["decode"]
-    body = {"model": "sim", "max_tokens": 40, "system": [{"type": "text", "text": _tag()}],
-            "messages": [{"role": "user", "content": "How do I heave to?"}]}  # fmt: skip
+    body = {
+        "model": "sim",
+        "max_tokens": 40,
+        "system": [{"type": "text", "text": _tag()}],
+        "messages": [{"role": "user", "content": "How do I heave to?"}],
+    }
     prefill = messages_prefill(p, body, pr.miss_params())
     status, decode = post(d, "/v1/messages", pr.decode_leg_body(body, prefill[KV]))
     assert status == 200, decode
@@ -303,8 +319,12 @@ def test_messages_stream_carries_no_params(sims):
     """vLLM 0.33's message_stream_converter never copies the chat chunk's kv_transfer_params: a streamed decode
     leg on /v1/messages leaves the router nothing to replay, though decode retains its blocks all the same."""
     p, d = sims["prefill"], sims["decode"]
-    body = {"model": "sim", "max_tokens": 12, "system": _tag(),
-            "messages": [{"role": "user", "content": "Explain a gybe."}]}  # fmt: skip
+    body = {
+        "model": "sim",
+        "max_tokens": 12,
+        "system": _tag(),
+        "messages": [{"role": "user", "content": "Explain a gybe."}],
+    }
     prefill = messages_prefill(p, body, pr.miss_params())
     dm = Meter(d)
     events, raw = stream(d, "/v1/messages", {**pr.decode_leg_body(body, prefill[KV]), "stream": True})
@@ -347,11 +367,16 @@ def test_failed_kv_load_is_answered_as_vllm_does(sims):
     rbody = {"model": "sim", "input": _tag(), "max_output_tokens": 8}
     params = _gone(responses_prefill(p, rbody, pr.miss_params())[KV])
     status, out = post(d, "/v1/responses", {**rbody, KV: params})
-    assert (status, out) == (500, {"error": {"message": "Internal server error", "type": "InternalServerError",
-                                             "param": None, "code": 500}})  # fmt: skip
+    assert (status, out) == (
+        500,
+        {"error": {"message": "Internal server error", "type": "InternalServerError", "param": None, "code": 500}},
+    )
     # Streaming: created and in_progress went out; vLLM's error event fails validation and the connection drops.
-    req = urllib.request.Request(d.url + "/v1/responses", data=json.dumps({**rbody, "stream": True, KV: params})
-                                 .encode(), headers={"Content-Type": "application/json"})  # fmt: skip
+    req = urllib.request.Request(
+        d.url + "/v1/responses",
+        data=json.dumps({**rbody, "stream": True, KV: params}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=30) as resp, pytest.raises(Exception) as cut:
         resp.read()
     assert cut.type.__name__ in ("IncompleteRead", "ProtocolError", "ConnectionResetError", "RemoteDisconnected")
@@ -392,11 +417,19 @@ def test_history_resent_in_other_shapes_gives_the_same_prompt(sims):
     base = {"model": "sim", "instructions": _tag(), "max_output_tokens": 12}
     first = [{"role": "user", "content": "q"}]
     variants = [
-        [{"type": "message", "role": "assistant", "id": "msg_x", "status": "completed", "phase": None,
-          "content": [{"type": "output_text", "text": "ka lo mi", "annotations": [], "logprobs": None}]}],
+        [
+            {
+                "type": "message",
+                "role": "assistant",
+                "id": "msg_x",
+                "status": "completed",
+                "phase": None,
+                "content": [{"type": "output_text", "text": "ka lo mi", "annotations": [], "logprobs": None}],
+            }
+        ],
         [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ka lo mi"}]}],
         [{"role": "assistant", "content": "ka lo mi"}],
-    ]  # fmt: skip
+    ]
     texts = set()
     for variant in variants:
         status, out = post(d, "/v1/responses", {**base, "input": first + variant + [{"role": "user", "content": "z"}]})

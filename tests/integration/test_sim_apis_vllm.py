@@ -119,10 +119,16 @@ def vllm() -> Any:
         pytest.fail(f"the vLLM virtualenv {_VENV} is missing: run hack/setup-vllm.sh", pytrace=False)
 
     def run(data: dict[str, Any]) -> dict[str, Any]:
-        env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-               "VLLM_LOGGING_LEVEL": "ERROR"}  # fmt: skip
-        proc = subprocess.run([str(python), "-c", _CHECKER], input=json.dumps(data), capture_output=True, text=True,
-                              timeout=240, env=env)  # fmt: skip
+        env = {
+            **os.environ,
+            "VLLM_TARGET_DEVICE": "cpu",
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_LOGGING_LEVEL": "ERROR",
+        }
+        proc = subprocess.run(
+            [str(python), "-c", _CHECKER], input=json.dumps(data), capture_output=True, text=True, timeout=240, env=env
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -130,70 +136,174 @@ def vllm() -> Any:
 
 
 # -- 1. conversions ---------------------------------------------------------------------------------------------
-FN = {"type": "function", "name": "get_weather", "description": "Weather now",
-      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}  # fmt: skip
+FN = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather now",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
 RESPONSES_CASES: list[dict[str, Any]] = [
     {"input": "hello"},
     {"input": "hello", "instructions": "Be brief."},
     {"input": "hello", "instructions": ""},
     {"input": [{"role": "user", "content": "hi"}]},
     {"input": [{"role": "user", "content": "hi", "name": "bob", "id": "x"}]},
-    {"input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"},
-                                                                 {"type": "input_text", "text": "b"}]}]},
-    {"input": [{"role": "system", "content": "sys"}, {"role": "developer", "content": "dev"},
-               {"role": "user", "content": "u"}]},
-    {"input": [{"role": "system", "content": [{"type": "input_text", "text": "x-anthropic-billing-header: 1\nkeep"}]},
-               {"role": "user", "content": "u"}]},
+    {
+        "input": [
+            {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}],
+            }
+        ]
+    },
+    {
+        "input": [
+            {"role": "system", "content": "sys"},
+            {"role": "developer", "content": "dev"},
+            {"role": "user", "content": "u"},
+        ]
+    },
+    {
+        "input": [
+            {"role": "system", "content": [{"type": "input_text", "text": "x-anthropic-billing-header: 1\nkeep"}]},
+            {"role": "user", "content": "u"},
+        ]
+    },
     # previous output items resent as input: only the first part's text reaches the prompt
-    {"input": [{"role": "user", "content": "q"},
-               {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed", "phase": None,
-                "content": [{"type": "output_text", "text": "answer", "annotations": [], "logprobs": None}]},
-               {"role": "user", "content": "and?"}]},
-    {"input": [{"role": "user", "content": "q"},
-               {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a"},
-                                                                     {"type": "output_text", "text": "b"}]},
-               {"role": "user", "content": "and?"}]},
-    {"input": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "plain"},
-               {"role": "user", "content": "and?"}]},
-    {"input": [{"role": "user", "content": "q"},
-               {"type": "message", "role": "assistant", "content": [{"type": "input_text", "text": "as input"}]}]},
+    {
+        "input": [
+            {"role": "user", "content": "q"},
+            {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "phase": None,
+                "content": [{"type": "output_text", "text": "answer", "annotations": [], "logprobs": None}],
+            },
+            {"role": "user", "content": "and?"},
+        ]
+    },
+    {
+        "input": [
+            {"role": "user", "content": "q"},
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "a"}, {"type": "output_text", "text": "b"}],
+            },
+            {"role": "user", "content": "and?"},
+        ]
+    },
+    {
+        "input": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "plain"},
+            {"role": "user", "content": "and?"},
+        ]
+    },
+    {
+        "input": [
+            {"role": "user", "content": "q"},
+            {"type": "message", "role": "assistant", "content": [{"type": "input_text", "text": "as input"}]},
+        ]
+    },
     # an unfinished assistant message is continued
-    {"input": [{"role": "user", "content": "q"},
-               {"type": "message", "role": "assistant", "status": "incomplete",
-                "content": [{"type": "output_text", "text": "partial"}]}]},
-    {"input": [{"role": "user", "content": "q"},
-               {"type": "message", "role": "assistant", "status": "in_progress",
-                "content": [{"type": "output_text", "text": "partial"}]}]},
+    {
+        "input": [
+            {"role": "user", "content": "q"},
+            {
+                "type": "message",
+                "role": "assistant",
+                "status": "incomplete",
+                "content": [{"type": "output_text", "text": "partial"}],
+            },
+        ]
+    },
+    {
+        "input": [
+            {"role": "user", "content": "q"},
+            {
+                "type": "message",
+                "role": "assistant",
+                "status": "in_progress",
+                "content": [{"type": "output_text", "text": "partial"}],
+            },
+        ]
+    },
     {"input": [{"role": "user", "content": "q", "status": "incomplete", "type": "message"}]},
     # tool calls fold into the previous assistant message; outputs become tool messages
-    {"input": [{"role": "user", "content": "weather?"},
-               {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\": \"Oslo\"}",
-                "id": "fc_1", "status": "completed"},
-               {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": "not json"},
-               {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
-               {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "rain"}]}],
-     "tools": [FN]},
-    {"input": [{"role": "user", "content": "q"},
-               {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "let me check"}]},
-               {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"}],
-     "tools": [FN], "tool_choice": "required"},
-    {"input": [{"role": "user", "content": "q"},
-               {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}", "namespace": "ns"},
-               {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "after"}]}]},
-    {"input": [{"type": "custom_tool_call", "call_id": "c9", "name": "shell", "input": "ls -l"},
-               {"type": "custom_tool_call_output", "call_id": "c9", "output": "file"}]},
+    {
+        "input": [
+            {"role": "user", "content": "weather?"},
+            {
+                "type": "function_call",
+                "call_id": "c1",
+                "name": "get_weather",
+                "arguments": '{"city": "Oslo"}',
+                "id": "fc_1",
+                "status": "completed",
+            },
+            {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": "not json"},
+            {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+            {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "rain"}]},
+        ],
+        "tools": [FN],
+    },
+    {
+        "input": [
+            {"role": "user", "content": "q"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "let me check"}]},
+            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+        ],
+        "tools": [FN],
+        "tool_choice": "required",
+    },
+    {
+        "input": [
+            {"role": "user", "content": "q"},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}", "namespace": "ns"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "after"}]},
+        ]
+    },
+    {
+        "input": [
+            {"type": "custom_tool_call", "call_id": "c9", "name": "shell", "input": "ls -l"},
+            {"type": "custom_tool_call_output", "call_id": "c9", "output": "file"},
+        ]
+    },
     # reasoning items: content first, else the first summary
-    {"input": [{"role": "user", "content": "q"},
-               {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "think"}]},
-               {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "answer"}]}]},
-    {"input": [{"role": "user", "content": "q"},
-               {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "sum"}]},
-               {"type": "reasoning", "summary": [{"type": "summary_text", "text": "second"}]}]},
-    {"input": [{"role": "user", "content": "q"},
-               {"type": "reasoning", "summary": [], "status": "incomplete",
-                "content": [{"type": "reasoning_text", "text": "th"}]}]},
-    {"input": "x", "tools": [FN, {"type": "function", "name": "g", "strict": True, "parameters": None}],
-     "tool_choice": "none"},
+    {
+        "input": [
+            {"role": "user", "content": "q"},
+            {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "think"}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "answer"}]},
+        ]
+    },
+    {
+        "input": [
+            {"role": "user", "content": "q"},
+            {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "sum"}]},
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "second"}]},
+        ]
+    },
+    {
+        "input": [
+            {"role": "user", "content": "q"},
+            {
+                "type": "reasoning",
+                "summary": [],
+                "status": "incomplete",
+                "content": [{"type": "reasoning_text", "text": "th"}],
+            },
+        ]
+    },
+    {
+        "input": "x",
+        "tools": [FN, {"type": "function", "name": "g", "strict": True, "parameters": None}],
+        "tool_choice": "none",
+    },
     {"input": "x", "tools": [FN], "tool_choice": {"type": "function", "name": "get_weather"}},
     # refused
     {"input": [{"type": "item_reference", "id": "msg_0"}]},
@@ -211,7 +321,7 @@ RESPONSES_CASES: list[dict[str, Any]] = [
     {"input": "x", "background": True, "store": False},
     {"input": 5},
     {},
-]  # fmt: skip
+]
 
 TOOL = {
     "name": "get_weather",
@@ -221,55 +331,119 @@ TOOL = {
 MESSAGES_CASES: list[dict[str, Any]] = [
     {"messages": [{"role": "user", "content": "hi"}]},
     {"system": "Be brief.", "messages": [{"role": "user", "content": "hi"}]},
-    {"system": [{"type": "text", "text": "x-anthropic-billing-header: 1"}, {"type": "text", "text": "A"},
-                {"type": "text", "text": "B"}], "messages": [{"role": "user", "content": "hi"}]},
-    {"messages": [{"role": "system", "content": "inline"}, {"role": "user", "content": "u"},
-                  {"role": "system", "content": [{"type": "text", "text": "again"}]}]},
+    {
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: 1"},
+            {"type": "text", "text": "A"},
+            {"type": "text", "text": "B"},
+        ],
+        "messages": [{"role": "user", "content": "hi"}],
+    },
+    {
+        "messages": [
+            {"role": "system", "content": "inline"},
+            {"role": "user", "content": "u"},
+            {"role": "system", "content": [{"type": "text", "text": "again"}]},
+        ]
+    },
     {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]},
     {"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}, {"role": "user", "content": "x"}]},
     # the previous reply resent: text and thinking blocks reach the prompt, signatures and redacted thinking do not
-    {"messages": [{"role": "user", "content": "q"},
-                  {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm", "signature": "s1"},
-                                                    {"type": "redacted_thinking", "data": "opaque"},
-                                                    {"type": "text", "text": "answer"}]},
-                  {"role": "user", "content": "and?"}]},
-    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "answer"},
-                  {"role": "user", "content": "and?"}]},
+    {
+        "messages": [
+            {"role": "user", "content": "q"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "hmm", "signature": "s1"},
+                    {"type": "redacted_thinking", "data": "opaque"},
+                    {"type": "text", "text": "answer"},
+                ],
+            },
+            {"role": "user", "content": "and?"},
+        ]
+    },
+    {
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "answer"},
+            {"role": "user", "content": "and?"},
+        ]
+    },
     {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": []}]},
-    {"messages": [{"role": "user", "content": "q"},
-                  {"role": "assistant", "content": [{"type": "text", "text": "calling"},
-                                                    {"type": "tool_use", "id": "t1", "name": "get_weather",
-                                                     "input": {"city": "Oslo", "a": [1, 2]}}]},
-                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"},
-                                               {"type": "text", "text": "thanks"}]}],
-     "tools": [TOOL]},
-    {"messages": [{"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "x"},
-                                                                 {"type": "text", "text": "y"}]}]}]},
+    {
+        "messages": [
+            {"role": "user", "content": "q"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "calling"},
+                    {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Oslo", "a": [1, 2]}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "sunny"},
+                    {"type": "text", "text": "thanks"},
+                ],
+            },
+        ],
+        "tools": [TOOL],
+    },
+    {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "content": [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}],
+                    }
+                ],
+            }
+        ]
+    },
     {"messages": [{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "r"}]}]},
-    {"messages": [{"role": "user", "content": "q"}], "tools": [TOOL, {**TOOL, "name": "b", "strict": True,
-                                                                     "input_schema": {"type": "object"}}],
-     "tool_choice": {"type": "none"}},
+    {
+        "messages": [{"role": "user", "content": "q"}],
+        "tools": [TOOL, {**TOOL, "name": "b", "strict": True, "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "none"},
+    },
     {"messages": [{"role": "user", "content": "q"}], "tools": [TOOL], "tool_choice": {"type": "any"}},
-    {"messages": [{"role": "system", "content": [
-        {"type": "tool_removal", "tool": {"type": "tool_reference", "name": "get_weather"}}]},
-        {"role": "user", "content": "q"}], "tools": [TOOL, {**TOOL, "name": "other"}]},
+    {
+        "messages": [
+            {
+                "role": "system",
+                "content": [{"type": "tool_removal", "tool": {"type": "tool_reference", "name": "get_weather"}}],
+            },
+            {"role": "user", "content": "q"},
+        ],
+        "tools": [TOOL, {**TOOL, "name": "other"}],
+    },
     # refused
     {"messages": [{"role": "tool", "content": "x"}]},
     {"messages": [{"role": "user", "content": [{"type": "weird"}]}]},
-    {"messages": [{"role": "user", "content": [{"type": "tool_addition",
-                                                 "tool": {"type": "tool_reference", "name": "x"}}]}]},
+    {
+        "messages": [
+            {"role": "user", "content": [{"type": "tool_addition", "tool": {"type": "tool_reference", "name": "x"}}]}
+        ]
+    },
     {"messages": [], "thinking": {"type": "enabled", "budget_tokens": 1024}},
     {"messages": [], "max_tokens": 0},
     {"messages": [], "model": ""},
-]  # fmt: skip
+]
 
 
 def _sim_responses(body: dict[str, Any]) -> dict[str, Any]:
     req = responses_api.parse_request(json.loads(json.dumps(body)))
     messages = responses_api.input_messages(req.instructions, req.input)
-    return {"conversation": parse_messages(messages), "tools": responses_api.tool_dicts(req.tools),
-            "continue_final": responses_api.continues_final_message(req.input)}  # fmt: skip
+    return {
+        "conversation": parse_messages(messages),
+        "tools": responses_api.tool_dicts(req.tools),
+        "continue_final": responses_api.continues_final_message(req.input),
+    }
 
 
 def _sim_messages(body: dict[str, Any]) -> dict[str, Any]:
@@ -286,8 +460,9 @@ def _outcome(fn: Any, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_conversions_match_vllm(vllm):
-    ran = vllm({"responses": RESPONSES_CASES,
-                "messages": [{"model": "sim", "max_tokens": 64, **b} for b in MESSAGES_CASES]})  # fmt: skip
+    ran = vllm(
+        {"responses": RESPONSES_CASES, "messages": [{"model": "sim", "max_tokens": 64, **b} for b in MESSAGES_CASES]}
+    )
     mismatches = []
     for route, cases, fn in (
         ("responses", RESPONSES_CASES, _sim_responses),
@@ -308,19 +483,36 @@ def test_conversions_match_vllm(vllm):
 
 # -- 2. wire shapes ---------------------------------------------------------------------------------------------
 BODIES = {
-    "responses": {"input": "Tell me about the sea.", "max_output_tokens": 12, "instructions": "Be brief.",
-                  "tools": [FN], "tool_choice": {"type": "function", "name": "get_weather"}, "metadata": {"k": "v"},
-                  "reasoning": {"effort": "low"}, "temperature": 0.5, "text": {"format": {"type": "text"}},
-                  "prompt_cache_options": {"prewarm": True}, "user": "u", "include": ["message.output_text.logprobs"]},
-    "messages": {"model": "sim", "max_tokens": 12, "system": "Be brief.",
-                 "messages": [{"role": "user", "content": "Tell me about the sea."}]},
-}  # fmt: skip
+    "responses": {
+        "input": "Tell me about the sea.",
+        "max_output_tokens": 12,
+        "instructions": "Be brief.",
+        "tools": [FN],
+        "tool_choice": {"type": "function", "name": "get_weather"},
+        "metadata": {"k": "v"},
+        "reasoning": {"effort": "low"},
+        "temperature": 0.5,
+        "text": {"format": {"type": "text"}},
+        "prompt_cache_options": {"prewarm": True},
+        "user": "u",
+        "include": ["message.output_text.logprobs"],
+    },
+    "messages": {
+        "model": "sim",
+        "max_tokens": 12,
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": "Tell me about the sea."}],
+    },
+}
 PREFILL_CAP = {"responses": "max_output_tokens", "messages": "max_tokens"}
 REFUSED = {
     "responses": [{"input": "x", "model": "other"}, {"input": 5}, {"input": "x", "previous_response_id": "r"}],
-    "messages": [{"model": "other", "max_tokens": 5, "messages": []}, {"model": "sim", "messages": []},
-                 {"model": "sim", "max_tokens": 99999, "messages": []}],
-}  # fmt: skip
+    "messages": [
+        {"model": "other", "max_tokens": 5, "messages": []},
+        {"model": "sim", "messages": []},
+        {"model": "sim", "max_tokens": 99999, "messages": []},
+    ],
+}
 
 
 def _post(url: str, body: dict[str, Any]) -> tuple[int, str, bytes]:

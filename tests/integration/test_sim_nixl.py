@@ -86,8 +86,13 @@ def prefill_leg(p: SimProcess, body: dict[str, Any], params: dict[str, Any]) -> 
     return post(p, pr.prefill_leg_body(body, params))
 
 
-def turn(p: SimProcess, d: SimProcess, messages: list[dict[str, Any]], replay: dict[str, Any] | None = None,
-         max_tokens: int = 40) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+def turn(
+    p: SimProcess,
+    d: SimProcess,
+    messages: list[dict[str, Any]],
+    replay: dict[str, Any] | None = None,
+    max_tokens: int = 40,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """One P-D turn; returns (prefill reply, decode reply)."""
     body = {"model": "sim", "messages": messages, "max_tokens": max_tokens}
     params = pr.replay_params(replay) if replay else pr.miss_params()
@@ -123,9 +128,10 @@ class Meter:
         out = {n: sum(v for name, _, v in samples if name == n) for n in self.NAMES}
         for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
             out[source] = sum(
-                v for name, lbls, v in samples
+                v
+                for name, lbls, v in samples
                 if name == "vllm:prompt_tokens_by_source_total" and lbls.get("source") == source
-            )  # fmt: skip
+            )
         for name, lbls, v in samples:
             if name == "sim_recompute_skips_total":
                 out[f"skip:{lbls['reason']}"] = v
@@ -234,8 +240,13 @@ def test_expired_blocks_are_declined(sims):
 def test_streaming_decode_returns_params_on_the_final_chunk(sims):
     p, d = sims["prefill"], sims["decode"]
     messages = conversation()
-    body = {"model": "sim", "messages": messages, "max_tokens": 30, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": "sim",
+        "messages": messages,
+        "max_tokens": 30,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     status, prefill = prefill_leg(p, body, pr.miss_params())
     assert status == 200
     events = stream(d, pr.decode_leg_body(body, prefill[pr.KV_PARAMS_FIELD]))

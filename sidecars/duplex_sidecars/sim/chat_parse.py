@@ -26,9 +26,20 @@ TEXT_PART_KEYS: dict[str, str] = {
 _SKIP_WHEN_EMPTY = frozenset({"text", "refusal"})
 # Media parts vLLM accepts; the simulator's template renders them as their JSON.
 MEDIA_PART_TYPES = frozenset(
-    {"input_image", "image_url", "image_pil", "image_embeds", "audio_url", "input_audio", "audio_embeds",
-     "video_url", "video_embeds", "prompt_embeds", "tool_reference"}
-)  # fmt: skip
+    {
+        "input_image",
+        "image_url",
+        "image_pil",
+        "image_embeds",
+        "audio_url",
+        "input_audio",
+        "audio_embeds",
+        "video_url",
+        "video_embeds",
+        "prompt_embeds",
+        "tool_reference",
+    }
+)
 # Claude Code's attribution line changes on every request; vLLM drops it from system text (and so from the prompt).
 BILLING_HEADER = "x-anthropic-billing-header"
 

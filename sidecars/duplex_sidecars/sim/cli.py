@@ -28,8 +28,9 @@ leg); --role only names the engine. Cost-model delays default to 0 so tests run 
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="duplex sim", description=_DESCRIPTION,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="duplex sim", description=_DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument(
         "--role",
         choices=("prefill", "decode"),
@@ -163,8 +164,13 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 
 def cost_from_args(args: argparse.Namespace) -> CostModel:
-    for flag in ("prefill_us_per_token", "prefill_attention_us_per_token2", "decode_us_per_token", "transfer_gbps",
-                 "read_back_latency_ms"):  # fmt: skip
+    for flag in (
+        "prefill_us_per_token",
+        "prefill_attention_us_per_token2",
+        "decode_us_per_token",
+        "transfer_gbps",
+        "read_back_latency_ms",
+    ):
         if (getattr(args, flag) or 0) < 0:
             raise SystemExit(f"duplex sim: --{flag.replace('_', '-')} must be >= 0")
     if args.time_scale <= 0:
@@ -201,9 +207,17 @@ async def serve(cfg: SimConfig) -> None:
         for runner, port in ((side_runner, cfg.side_channel_port), (api_runner, cfg.port)):
             await runner.setup()
             await web.TCPSite(runner, cfg.host, port).start()
-        log.info("duplex sim %s engine %s serving model %r on http://%s:%d (side channel %s:%d, bidirectional=%s)",
-                 cfg.role, cfg.engine_id, cfg.model, cfg.host, cfg.port, cfg.advertised_host,
-                 cfg.side_channel_port, cfg.bidirectional)  # fmt: skip
+        log.info(
+            "duplex sim %s engine %s serving model %r on http://%s:%d (side channel %s:%d, bidirectional=%s)",
+            cfg.role,
+            cfg.engine_id,
+            cfg.model,
+            cfg.host,
+            cfg.port,
+            cfg.advertised_host,
+            cfg.side_channel_port,
+            cfg.bidirectional,
+        )
         await stop.wait()
     finally:
         await api_runner.cleanup()

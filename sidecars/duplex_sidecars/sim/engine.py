@@ -203,8 +203,16 @@ class Engine:
         room = np.zeros((prompt_len + len(reply.tokens), chain.shape[1]), dtype=chain.dtype)
         room[:prompt_len] = chain
         cacheable = prompt_len // bs * bs if self.cfg.enable_prefix_caching else 0
-        return Running(req, arrived, block_ids, room, prompt_len, reply, num_cached_tokens=computed,
-                       num_cache_creation_tokens=max(0, cacheable - computed))  # fmt: skip
+        return Running(
+            req,
+            arrived,
+            block_ids,
+            room,
+            prompt_len,
+            reply,
+            num_cached_tokens=computed,
+            num_cache_creation_tokens=max(0, cacheable - computed),
+        )
 
     async def decode(self, run: Running) -> AsyncGenerator[int, None]:
         """Yield the reply's tokens; on normal completion retain blocks and set `run.kv_params_out`."""
@@ -296,8 +304,12 @@ class Engine:
         if count <= 0:
             return 0
         if p_node and kv_policy.below_recompute_threshold(count, self.cfg.kv_recompute_threshold):
-            log.info("Skipping remote pull for %s: %d tokens < threshold %d", req.request_id, count,
-                     self.cfg.kv_recompute_threshold)  # fmt: skip
+            log.info(
+                "Skipping remote pull for %s: %d tokens < threshold %d",
+                req.request_id,
+                count,
+                self.cfg.kv_recompute_threshold,
+            )
             self.metrics.recompute_skip("below_threshold")
             return 0
         try:
@@ -333,8 +345,9 @@ class Engine:
             raise SideChannelError(
                 "layout_mismatch", f"remote blocks are {remote.block_size} tokens/{remote.block_bytes} B"
             )
-        if p_node and kv_policy.is_expired(params.get("remote_blocks_expiry_time"), remote.clock_offset,
-                                           time.perf_counter()):  # fmt: skip
+        if p_node and kv_policy.is_expired(
+            params.get("remote_blocks_expiry_time"), remote.clock_offset, time.perf_counter()
+        ):
             log.warning("Declining expired remote read for %s from engine %s.", req.request_id, remote.engine_id)
             self.metrics.kv_expired_reqs.inc()
             return self._load_failed(req, "expired", "blocks expired or about to")
@@ -369,9 +382,13 @@ class Engine:
             log.error(
                 "CORRUPT KV: %d of %d blocks read for %s from engine %s (request %s) do not hold this prompt's "
                 "prefix (block positions %s): the replayed params do not match the prompt",
-                len(check.bad_positions), len(wanted), req.request_id, remote.engine_id, remote_request,
+                len(check.bad_positions),
+                len(wanted),
+                req.request_id,
+                remote.engine_id,
+                remote_request,
                 check.bad_positions[:8],
-            )  # fmt: skip
+            )
             if self.cfg.fail_on_corrupt:
                 self.metrics.failed_kv_loads.inc()
                 raise CorruptKV(f"{len(check.bad_positions)} corrupt KV blocks read from {remote.engine_id}")

@@ -184,8 +184,11 @@ class OpenAIApi:
             raise ApiError(400, "The prompt cannot be empty.")
         limit = self.engine.cfg.max_model_len
         if len(prompt) + (max_tokens or 1) > limit:
-            raise ApiError(400, f"This model's maximum context length is {limit} tokens; the request needs "
-                                f"{len(prompt)} prompt + {max_tokens or 1} output tokens.")  # fmt: skip
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens; the request needs "
+                f"{len(prompt)} prompt + {max_tokens or 1} output tokens.",
+            )
         params = body.get(KV_PARAMS_FIELD)
         if params is not None and not isinstance(params, dict):
             raise ApiError(400, f"'{KV_PARAMS_FIELD}' must be an object")
@@ -223,8 +226,9 @@ class OpenAIApi:
     async def _stream(
         self, request: web.Request, run: Running, reply: _Reply, include_usage: bool
     ) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "X-Request-Id": reply.id})  # fmt: skip
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Request-Id": reply.id}
+        )
         await resp.prepare(request)
 
         async def send(obj: Any) -> None:

@@ -56,14 +56,30 @@ from duplex_sidecars.sim.validation import (
 
 _ROLES = ("user", "assistant", "system")
 _TOOL_CHANGES = ("tool_addition", "tool_removal")
-_BLOCK_TYPES = ("text", "image", "tool_use", "tool_result", "tool_reference", "thinking", "redacted_thinking",
-                "tool_addition", "tool_removal")  # fmt: skip
+_BLOCK_TYPES = (
+    "text",
+    "image",
+    "tool_use",
+    "tool_result",
+    "tool_reference",
+    "thinking",
+    "redacted_thinking",
+    "tool_addition",
+    "tool_removal",
+)
 # AnthropicContentBlock's typed fields (str | None unless listed).
 _BLOCK_DICT_FIELDS = ("source", "input")
 _BLOCK_STR_FIELDS = ("text", "id", "tool_use_id", "name", "tool_name", "thinking", "signature", "data")
 # Anthropic SDKs dispatch on error.type (protocol._ANTHROPIC_ERROR_TYPE_BY_STATUS).
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}  # fmt: skip
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
 
 
 def error_type(status: int) -> str:
@@ -97,15 +113,25 @@ def parse_request(body: dict[str, Any]) -> MessagesRequest:
     f = Fields(body)
     model = f.string("model", nullable=False) if f.required("model") else None
     if model == "":
-        f.fail(("model",), "value_error", "Value error, Model is required", model,
-               {"error": ValueError("Model is required")})  # fmt: skip
+        f.fail(
+            ("model",),
+            "value_error",
+            "Value error, Model is required",
+            model,
+            {"error": ValueError("Model is required")},
+        )
     messages = f.array("messages", nullable=False) if f.required("messages") else None
     for n, message in enumerate(messages or []):
         _message(f, ("messages", n), message)
     max_tokens = f.integer("max_tokens", nullable=False) if f.required("max_tokens") else None
     if max_tokens is not None and max_tokens <= 0:
-        f.fail(("max_tokens",), "value_error", "Value error, max_tokens must be positive", max_tokens,
-               {"error": ValueError("max_tokens must be positive")})  # fmt: skip
+        f.fail(
+            ("max_tokens",),
+            "value_error",
+            "Value error, max_tokens must be positive",
+            max_tokens,
+            {"error": ValueError("max_tokens must be positive")},
+        )
     f.mapping("metadata")
     f.mapping("output_config")
     thinking = _thinking(f)
@@ -125,11 +151,20 @@ def parse_request(body: dict[str, Any]) -> MessagesRequest:
     tool_choice = f.mapping("tool_choice")
     if tool_choice is not None:
         if tool_choice.get("type") not in ("auto", "any", "tool", "none"):
-            f.fail(("tool_choice", "type"), "literal_error", "Input should be 'auto', 'any', 'tool' or 'none'",
-                   tool_choice.get("type"))  # fmt: skip
+            f.fail(
+                ("tool_choice", "type"),
+                "literal_error",
+                "Input should be 'auto', 'any', 'tool' or 'none'",
+                tool_choice.get("type"),
+            )
         elif tool_choice["type"] == "tool" and not tool_choice.get("name"):
-            f.fail(("tool_choice",), "value_error", "Value error, tool_choice.name is required when type is 'tool'",
-                   tool_choice, {"error": ValueError("tool_choice.name is required when type is 'tool'")})  # fmt: skip
+            f.fail(
+                ("tool_choice",),
+                "value_error",
+                "Value error, tool_choice.name is required when type is 'tool'",
+                tool_choice,
+                {"error": ValueError("tool_choice.name is required when type is 'tool'")},
+            )
     tools = f.array("tools")
     for n, tool in enumerate(tools or []):
         _tool(f, ("tools", n), tool)
@@ -149,8 +184,9 @@ def parse_request(body: dict[str, Any]) -> MessagesRequest:
 
 
 def _value_error_on_body(body: dict[str, Any], message: str) -> RequestError:
-    return validation_failed([FieldError("value_error", ("body",), f"Value error, {message}", body,
-                                         {"error": ValueError(message)})])  # fmt: skip
+    return validation_failed(
+        [FieldError("value_error", ("body",), f"Value error, {message}", body, {"error": ValueError(message)})]
+    )
 
 
 def _thinking(f: Fields) -> dict[str, Any] | None:
@@ -159,18 +195,28 @@ def _thinking(f: Fields) -> dict[str, Any] | None:
         return None
     kind = thinking.get("type")
     if kind not in ("enabled", "disabled", "adaptive"):
-        f.fail(("thinking",), "union_tag_invalid", "Input tag does not match 'enabled', 'disabled' or 'adaptive'",
-               thinking)  # fmt: skip
+        f.fail(
+            ("thinking",), "union_tag_invalid", "Input tag does not match 'enabled', 'disabled' or 'adaptive'", thinking
+        )
         return None
     if kind == "enabled":
         budget = thinking.get("budget_tokens")
         if not isinstance(budget, int) or isinstance(budget, bool):
-            f.fail(("thinking", "enabled", "budget_tokens"), "missing" if budget is None else "int_type",
-                   "Field required" if budget is None else "Input should be a valid integer", thinking)  # fmt: skip
+            f.fail(
+                ("thinking", "enabled", "budget_tokens"),
+                "missing" if budget is None else "int_type",
+                "Field required" if budget is None else "Input should be a valid integer",
+                thinking,
+            )
             return None
         if budget < 1024:
-            f.fail(("thinking", "enabled", "budget_tokens"), "greater_than_equal",
-                   "Input should be greater than or equal to 1024", budget, {"ge": 1024})  # fmt: skip
+            f.fail(
+                ("thinking", "enabled", "budget_tokens"),
+                "greater_than_equal",
+                "Input should be greater than or equal to 1024",
+                budget,
+                {"ge": 1024},
+            )
             return None
     return dict(thinking)
 
@@ -181,9 +227,12 @@ def _message(f: Fields, loc: tuple[Any, ...], message: Any) -> None:
         return
     role = message.get("role")
     if role not in _ROLES:
-        f.fail((*loc, "role"), "missing" if "role" not in message else "literal_error",
-               "Field required" if "role" not in message else "Input should be 'user', 'assistant' or 'system'",
-               role if "role" in message else message)  # fmt: skip
+        f.fail(
+            (*loc, "role"),
+            "missing" if "role" not in message else "literal_error",
+            "Field required" if "role" not in message else "Input should be 'user', 'assistant' or 'system'",
+            role if "role" in message else message,
+        )
     content = message.get("content")
     if "content" not in message:
         f.fail((*loc, "content"), "missing", "Field required", message)
@@ -193,8 +242,12 @@ def _message(f: Fields, loc: tuple[Any, ...], message: Any) -> None:
         f.string_branch_failed(since, (*loc, "content"), content)
         changes = [b.get("type") for b in content if isinstance(b, dict) and b.get("type") in _TOOL_CHANGES]
         if changes and role != "system" and len(f.errors) == since:  # the message's after-validator
-            f.fail(loc, "value_error", f'Value error, {changes[0]} blocks are only allowed in messages with role '
-                   '"system"', message)  # fmt: skip
+            f.fail(
+                loc,
+                "value_error",
+                f'Value error, {changes[0]} blocks are only allowed in messages with role "system"',
+                message,
+            )
     elif not isinstance(content, str):
         f.fail((*loc, "content"), "string_type", "Input should be a valid string", content)
 
@@ -203,8 +256,9 @@ def _blocks(f: Fields, loc: tuple[Any, ...], blocks: list[Any]) -> None:
     for n, block in enumerate(blocks):
         where = (*loc, n)
         if not isinstance(block, dict):
-            f.fail(where, "model_type", "Input should be a valid dictionary or instance of AnthropicContentBlock",
-                   block)  # fmt: skip
+            f.fail(
+                where, "model_type", "Input should be a valid dictionary or instance of AnthropicContentBlock", block
+            )
             continue
         kind = block.get("type")
         if kind not in _BLOCK_TYPES:
@@ -236,8 +290,12 @@ def _tool(f: Fields, loc: tuple[Any, ...], tool: Any) -> None:
         f.fail(loc, "model_type", "Input should be a valid dictionary or instance of AnthropicTool", tool)
         return
     if not isinstance(tool.get("name"), str):
-        f.fail((*loc, "name"), "missing" if "name" not in tool else "string_type",
-               "Field required" if "name" not in tool else "Input should be a valid string", tool)  # fmt: skip
+        f.fail(
+            (*loc, "name"),
+            "missing" if "name" not in tool else "string_type",
+            "Field required" if "name" not in tool else "Input should be a valid string",
+            tool,
+        )
     if "input_schema" not in tool:
         f.fail((*loc, "input_schema"), "missing", "Field required", tool)
     elif not isinstance(tool["input_schema"], dict):
@@ -252,8 +310,11 @@ def chat_messages(system: Any, messages: list[dict[str, Any]]) -> list[dict[str,
     out: list[dict[str, Any]] = []
     parts = [system] if isinstance(system, str) and system else []
     if isinstance(system, list):
-        parts = [b["text"] for b in system if b.get("type") == "text" and b.get("text")
-                 and not b["text"].startswith(BILLING_HEADER)]  # fmt: skip
+        parts = [
+            b["text"]
+            for b in system
+            if b.get("type") == "text" and b.get("text") and not b["text"].startswith(BILLING_HEADER)
+        ]
     if parts:
         out.append({"role": "system", "content": "".join(parts)})
     for message in messages:
@@ -275,13 +336,17 @@ def chat_messages(system: Any, messages: list[dict[str, Any]]) -> list[dict[str,
 def _system_text(content: Any) -> str | None:
     if isinstance(content, str):
         return None if content.startswith(BILLING_HEADER) else content
-    texts = [b["text"] for b in content if b.get("type") == "text" and b.get("text")
-             and not b["text"].startswith(BILLING_HEADER)]  # fmt: skip
+    texts = [
+        b["text"]
+        for b in content
+        if b.get("type") == "text" and b.get("text") and not b["text"].startswith(BILLING_HEADER)
+    ]
     return "".join(texts) if texts else None
 
 
-def _convert_content(blocks: list[dict[str, Any]], role: str, message: dict[str, Any],
-                     out: list[dict[str, Any]]) -> None:  # fmt: skip
+def _convert_content(
+    blocks: list[dict[str, Any]], role: str, message: dict[str, Any], out: list[dict[str, Any]]
+) -> None:
     """_convert_message_content: text and images become content parts, thinking becomes `reasoning` (joined),
     tool_use blocks `tool_calls`; a user's tool_result becomes a tool message placed before this one."""
     parts: list[dict[str, Any]] = []
@@ -296,9 +361,13 @@ def _convert_content(blocks: list[dict[str, Any]], role: str, message: dict[str,
         elif kind == "thinking" and block.get("thinking") is not None:
             reasoning.append(block["thinking"])
         elif kind == "tool_use":
-            calls.append({"id": block.get("id") or f"call_{int(time.time())}", "type": "function",
-                          "function": {"name": block.get("name") or "",
-                                       "arguments": json.dumps(block.get("input") or {})}})  # fmt: skip
+            calls.append(
+                {
+                    "id": block.get("id") or f"call_{int(time.time())}",
+                    "type": "function",
+                    "function": {"name": block.get("name") or "", "arguments": json.dumps(block.get("input") or {})},
+                }
+            )
         elif kind == "tool_result":
             if role == "user":
                 out.extend(_tool_result_messages(block))
@@ -354,8 +423,13 @@ def _tool_result_messages(block: dict[str, Any]) -> list[dict[str, Any]]:
 
 def resolved_tools(req: MessagesRequest) -> list[dict[str, Any]] | None:
     """_resolve_tools: tool_addition/tool_removal blocks in the messages change the declared tools."""
-    changes = [b for m in req.messages if isinstance(m["content"], list) for b in m["content"]
-               if b.get("type") in ("tool_addition", "tool_removal")]  # fmt: skip
+    changes = [
+        b
+        for m in req.messages
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") in ("tool_addition", "tool_removal")
+    ]
     if not changes:
         return req.tools
     tools = {t["name"]: t for t in req.tools or []}
@@ -445,19 +519,31 @@ def full_response(response_id: str, model: str, run: Running) -> dict[str, Any]:
 
 # The stream's events, as message_stream_converter dumps them (exclude_unset: only the fields it set).
 def message_start(response_id: str, model: str, prompt_tokens: int) -> bytes:
-    message: dict[str, Any] = {"id": response_id, "type": "message", "role": "assistant", "content": [], "model": model,
-               "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}  # fmt: skip
+    message: dict[str, Any] = {
+        "id": response_id,
+        "type": "message",
+        "role": "assistant",
+        "content": [],
+        "model": model,
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
+    }
     return sse("message_start", {"type": "message_start", "message": message})
 
 
 def block_start() -> bytes:
-    return sse("content_block_start", {"type": "content_block_start", "content_block": {"type": "text", "text": ""},
-                                       "index": 0})  # fmt: skip
+    return sse(
+        "content_block_start",
+        {"type": "content_block_start", "content_block": {"type": "text", "text": ""}, "index": 0},
+    )
 
 
 def block_delta(text: str) -> bytes:
-    return sse("content_block_delta", {"type": "content_block_delta", "delta": {"type": "text_delta", "text": text},
-                                       "index": 0})  # fmt: skip
+    return sse(
+        "content_block_delta",
+        {"type": "content_block_delta", "delta": {"type": "text_delta", "text": text}, "index": 0},
+    )
 
 
 def block_stop() -> bytes:
@@ -495,12 +581,19 @@ class MessagesRoute:
             chat = to_chat_request(req)  # 2.
             # 3. (the chat path's order: model, output cap, rendering, prompt length, sampling cap)
             if req.model != self.model:
-                raise RequestError(404, f"The model `{req.model}` does not exist. Valid aliases: {self.model}.",
-                                   "NotFoundError", "model")  # fmt: skip
+                raise RequestError(
+                    404,
+                    f"The model `{req.model}` does not exist. Valid aliases: {self.model}.",
+                    "NotFoundError",
+                    "model",
+                )
             if req.max_tokens > self.max_model_len:
-                raise invalid(f"max_completion_tokens={req.max_tokens} cannot be greater than max_model_len="
-                              f"{self.max_model_len}. Please request fewer output tokens.", "max_completion_tokens",
-                              req.max_tokens)  # fmt: skip
+                raise invalid(
+                    f"max_completion_tokens={req.max_tokens} cannot be greater than max_model_len="
+                    f"{self.max_model_len}. Please request fewer output tokens.",
+                    "max_completion_tokens",
+                    req.max_tokens,
+                )
             prompt = render_prompt(chat)
             check_prompt_fits(len(prompt), self.max_model_len)
             max_tokens = sampled_max_tokens(self.max_model_len, req.max_tokens, len(prompt))
@@ -511,10 +604,15 @@ class MessagesRoute:
         except RequestError as e:
             return anthropic_error(e)
 
-    async def _generate(self, request: web.Request, req: MessagesRequest, response_id: str, prompt: list[int],
-                        max_tokens: int) -> web.StreamResponse:  # fmt: skip
-        greq = GenerationRequest(request_id=f"{response_id}-{random_uuid()[:8]}", prompt=prompt,
-                                 max_tokens=max_tokens, kv_params=kv_params(req.kv_transfer_params))  # fmt: skip
+    async def _generate(
+        self, request: web.Request, req: MessagesRequest, response_id: str, prompt: list[int], max_tokens: int
+    ) -> web.StreamResponse:
+        greq = GenerationRequest(
+            request_id=f"{response_id}-{random_uuid()[:8]}",
+            prompt=prompt,
+            max_tokens=max_tokens,
+            kv_params=kv_params(req.kv_transfer_params),
+        )
         try:
             async with generation(self.engine, greq) as run:
                 if req.stream:

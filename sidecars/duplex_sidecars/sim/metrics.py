@@ -6,9 +6,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 # vLLM's TTFT buckets (vllm/v1/metrics/loggers.py).
 _TTFT_BUCKETS = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
-    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-)  # fmt: skip
+    *(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75),
+    *(1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
+)
 
 
 # vLLM's NIXL histograms (distributed/kv_transfer/kv_connector/v1/nixl/stats.py).
@@ -54,18 +54,26 @@ class SimMetrics:
         ).labels(**labels)
         self.nixl_reads = counter("sim_nixl_reads", "NIXL READ transfers completed.").labels(**labels)
         self.xfer_time = Histogram(
-            "vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.",
-            list(labels), buckets=_XFER_TIME_BUCKETS, registry=r,
-        ).labels(**labels)  # fmt: skip
+            "vllm:nixl_xfer_time_seconds",
+            "Histogram of transfer duration for NIXL KV Cache transfers.",
+            list(labels),
+            buckets=_XFER_TIME_BUCKETS,
+            registry=r,
+        ).labels(**labels)
         self.xfer_bytes = Histogram(
-            "vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache transfers.",
-            list(labels), buckets=_XFER_BYTES_BUCKETS, registry=r,
-        ).labels(**labels)  # fmt: skip
+            "vllm:nixl_bytes_transferred",
+            "Histogram of bytes transferred per NIXL KV Cache transfers.",
+            list(labels),
+            buckets=_XFER_BYTES_BUCKETS,
+            registry=r,
+        ).labels(**labels)
         self.nixl_bytes_read = counter("sim_nixl_bytes_read", "Bytes read over NIXL.").labels(**labels)
         self.retained_blocks = Gauge(
-            "sim_retained_blocks", "Blocks held for a remote reader (decode's TTL or prefill's lease).", list(labels),
+            "sim_retained_blocks",
+            "Blocks held for a remote reader (decode's TTL or prefill's lease).",
+            list(labels),
             registry=r,
-        ).labels(**labels)  # fmt: skip
+        ).labels(**labels)
         self._recompute_skips = counter(
             "sim_recompute_skips", "Remote KV pulls skipped, so the tokens were computed locally.", ("reason",)
         )

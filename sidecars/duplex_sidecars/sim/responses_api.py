@@ -65,8 +65,17 @@ _INCLUDABLE = (
     "reasoning.encrypted_content",
 )
 # The echo of a function tool in the response (openai.types.responses.FunctionTool, field order kept).
-_FUNCTION_TOOL_FIELDS = ("name", "parameters", "strict", "type", "allowed_callers", "async", "defer_loading",
-                         "description", "output_schema")  # fmt: skip
+_FUNCTION_TOOL_FIELDS = (
+    "name",
+    "parameters",
+    "strict",
+    "type",
+    "allowed_callers",
+    "async",
+    "defer_loading",
+    "description",
+    "output_schema",
+)
 
 
 # -- 1. the request ---------------------------------------------------------------------------------------------
@@ -118,8 +127,10 @@ def parse_request(body: dict[str, Any]) -> ResponsesRequest:
     for tool in body.get("tools") or []:
         grammar = isinstance(tool, dict) and isinstance(tool.get("format"), dict) and tool["format"].get("type")
         if isinstance(tool, dict) and tool.get("type") == "custom" and grammar == "grammar":
-            raise invalid("Custom tools with a grammar format are not supported; only free-form text custom tools "
-                          "are accepted.", "tools")  # fmt: skip
+            raise invalid(
+                "Custom tools with a grammar format are not supported; only free-form text custom tools are accepted.",
+                "tools",
+            )
     if body.get("prompt") is not None:
         raise invalid("prompt template is not supported", "prompt")
     if body.get("background") and not body.get("store", True):
@@ -169,21 +180,40 @@ def parse_request(body: dict[str, Any]) -> ResponsesRequest:
     if "cache_salt" in body:
         salt = f.string("cache_salt")
         if salt is not None and not 1 <= len(salt) <= 1024:
-            f.fail(("cache_salt",), "string_too_short" if not salt else "string_too_long",
-                   "String should have at least 1 character" if not salt else
-                   "String should have at most 1024 characters", salt)  # fmt: skip
+            f.fail(
+                ("cache_salt",),
+                "string_too_short" if not salt else "string_too_long",
+                "String should have at least 1 character" if not salt else "String should have at most 1024 characters",
+                salt,
+            )
     previous_input_messages = f.array("previous_input_messages")
     ignore_eos = bool(f.boolean("ignore_eos", False, nullable=False))
     params = f.mapping(KV_PARAMS_FIELD)
     f.mapping("chat_template_kwargs")
     req = ResponsesRequest(
-        body=body, input=items, request_id=request_id, instructions=instructions,
-        max_output_tokens=max_output_tokens, model=model, stream=stream, store=store, background=background,
-        previous_response_id=previous_response_id, previous_input_messages=previous_input_messages, tools=tools,
-        tool_choice=body.get("tool_choice", "auto"), temperature=temperature, top_p=top_p, top_logprobs=top_logprobs,
-        include=include, ignore_eos=ignore_eos, kv_transfer_params=params, parallel_tool_calls=parallel_tool_calls,
-        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-    )  # fmt: skip
+        body=body,
+        input=items,
+        request_id=request_id,
+        instructions=instructions,
+        max_output_tokens=max_output_tokens,
+        model=model,
+        stream=stream,
+        store=store,
+        background=background,
+        previous_response_id=previous_response_id,
+        previous_input_messages=previous_input_messages,
+        tools=tools,
+        tool_choice=body.get("tool_choice", "auto"),
+        temperature=temperature,
+        top_p=top_p,
+        top_logprobs=top_logprobs,
+        include=include,
+        ignore_eos=ignore_eos,
+        kv_transfer_params=params,
+        parallel_tool_calls=parallel_tool_calls,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+    )
     f.check()
     return req
 
@@ -209,8 +239,11 @@ def _check_tool_usage(body: dict[str, Any]) -> None:
 def _penalty(f: Fields, name: str) -> float | None:
     value = f.number(name)
     if value is not None and not -2.0 <= value <= 2.0:
-        bound = ("greater_than_equal", "greater than or equal to -2") if value < -2 else (
-            "less_than_equal", "less than or equal to 2")  # fmt: skip
+        bound = (
+            ("greater_than_equal", "greater than or equal to -2")
+            if value < -2
+            else ("less_than_equal", "less than or equal to 2")
+        )
         f.fail((name,), bound[0], f"Input should be {bound[1]}", f.raw(name))
         return None
     return float(value) if value is not None else None
@@ -236,12 +269,20 @@ def _tools(f: Fields) -> list[dict[str, Any]]:
         if tool.get("type") != "function":
             raise invalid(f"the simulator serves only function tools, not {tool.get('type')!r}", "tools")
         if not isinstance(tool.get("name"), str):
-            f.fail(("tools", n, "function", "name"), "missing" if "name" not in tool else "string_type",
-                   "Field required" if "name" not in tool else "Input should be a valid string", tool)  # fmt: skip
+            f.fail(
+                ("tools", n, "function", "name"),
+                "missing" if "name" not in tool else "string_type",
+                "Field required" if "name" not in tool else "Input should be a valid string",
+                tool,
+            )
             continue
         if tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
-            f.fail(("tools", n, "function", "parameters"), "dict_type", "Input should be a valid dictionary",
-                   tool["parameters"])  # fmt: skip
+            f.fail(
+                ("tools", n, "function", "parameters"),
+                "dict_type",
+                "Input should be a valid dictionary",
+                tool["parameters"],
+            )
             continue
         out.append(tool)
     return out
@@ -255,8 +296,9 @@ def _item(f: Fields, n: int, item: Any) -> Item | None:
         return None
     kind = item.get("type")
     if kind == "function_call":
-        return _checked(f, loc, item, "function_call", str_fields=("arguments", "call_id", "name"),
-                        optional_str=("id", "namespace"))  # fmt: skip
+        return _checked(
+            f, loc, item, "function_call", str_fields=("arguments", "call_id", "name"), optional_str=("id", "namespace")
+        )
     if kind == "reasoning":
         return _reasoning(f, loc, item)
     if kind in ("function_call_output", "custom_tool_call_output"):
@@ -280,22 +322,34 @@ def _item(f: Fields, n: int, item: Any) -> Item | None:
 
 
 def _checked(
-    f: Fields, loc: tuple[Any, ...], item: dict[str, Any], kind: str, str_fields: tuple[str, ...],
-    optional_str: tuple[str, ...] = ()
-) -> Item | None:  # fmt: skip
+    f: Fields,
+    loc: tuple[Any, ...],
+    item: dict[str, Any],
+    kind: str,
+    str_fields: tuple[str, ...],
+    optional_str: tuple[str, ...] = (),
+) -> Item | None:
     ok = True
     for name in str_fields:
         if not isinstance(item.get(name), str):
-            f.fail((*loc, name), "missing" if name not in item else "string_type",
-                   "Field required" if name not in item else "Input should be a valid string", item)  # fmt: skip
+            f.fail(
+                (*loc, name),
+                "missing" if name not in item else "string_type",
+                "Field required" if name not in item else "Input should be a valid string",
+                item,
+            )
             ok = False
     for name in optional_str:
         if item.get(name) is not None and not isinstance(item[name], str):
             f.fail((*loc, name), "string_type", "Input should be a valid string", item[name])
             ok = False
     if item.get("status") is not None and item["status"] not in _STATUSES:
-        f.fail((*loc, "status"), "literal_error", "Input should be 'in_progress', 'completed' or 'incomplete'",
-               item["status"])  # fmt: skip
+        f.fail(
+            (*loc, "status"),
+            "literal_error",
+            "Input should be 'in_progress', 'completed' or 'incomplete'",
+            item["status"],
+        )
         ok = False
     return Item(kind, dict(item)) if ok else None
 
@@ -304,8 +358,12 @@ def _reasoning(f: Fields, loc: tuple[Any, ...], item: dict[str, Any]) -> Item | 
     """ResponseReasoningItem: a `summary` list is required (vLLM adds the id)."""
     summary, content = item.get("summary"), item.get("content")
     if not isinstance(summary, list):
-        f.fail((*loc, "summary"), "missing" if "summary" not in item else "list_type",
-               "Field required" if "summary" not in item else "Input should be a valid list", item)  # fmt: skip
+        f.fail(
+            (*loc, "summary"),
+            "missing" if "summary" not in item else "list_type",
+            "Field required" if "summary" not in item else "Input should be a valid list",
+            item,
+        )
         return None
     texts = [(s, "summary_text") for s in summary] + [(c, "reasoning_text") for c in content or []]
     if content is not None and not isinstance(content, list):
@@ -313,8 +371,12 @@ def _reasoning(f: Fields, loc: tuple[Any, ...], item: dict[str, Any]) -> Item | 
         return None
     for part, kind in texts:
         if not (isinstance(part, dict) and isinstance(part.get("text"), str) and part.get("type") == kind):
-            f.fail((*loc, "summary" if kind == "summary_text" else "content"), "model_type",
-                   f"Input should be a {kind} part", part)  # fmt: skip
+            f.fail(
+                (*loc, "summary" if kind == "summary_text" else "content"),
+                "model_type",
+                f"Input should be a {kind} part",
+                part,
+            )
             return None
     if item.get("encrypted_content") is not None and not isinstance(item["encrypted_content"], str):
         f.fail((*loc, "encrypted_content"), "string_type", "Input should be a valid string", item)
@@ -342,8 +404,12 @@ def _message(f: Fields, loc: tuple[Any, ...], item: dict[str, Any]) -> Item | No
         return None
     for m, part in enumerate(content):
         if not (isinstance(part, dict) and part.get("type") in _INPUT_PART_TYPES):
-            f.fail((*loc, "content", m), "union_tag_invalid", "Input tag does not match 'input_text', "
-                   "'input_image' or 'input_file'", part)  # fmt: skip
+            f.fail(
+                (*loc, "content", m),
+                "union_tag_invalid",
+                "Input tag does not match 'input_text', 'input_image' or 'input_file'",
+                part,
+            )
             return None
         if part["type"] == "input_text" and not isinstance(part.get("text"), str):
             f.fail((*loc, "content", m, "text"), "missing", "Field required", part)
@@ -408,8 +474,11 @@ def _message_from_item(item: Item, prev: dict[str, Any] | None) -> dict[str, Any
     if item.kind == "reasoning":
         if data.get("encrypted_content"):
             raise invalid("Encrypted content is not supported.", "input")
-        reasoning = data["content"][0]["text"] if data.get("content") else (
-            data["summary"][0]["text"] if data["summary"] else "")  # fmt: skip
+        reasoning = (
+            data["content"][0]["text"]
+            if data.get("content")
+            else (data["summary"][0]["text"] if data["summary"] else "")
+        )
         if prev_assistant is not None and prev_assistant.get("reasoning") is None:
             prev_assistant["reasoning"] = reasoning
             return None
@@ -447,8 +516,11 @@ def tool_dicts(tools: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
         return None
     out = []
     for tool in tools:
-        function: dict[str, Any] = {"name": tool["name"], "description": tool.get("description"),
-                                    "parameters": tool.get("parameters")}  # fmt: skip
+        function: dict[str, Any] = {
+            "name": tool["name"],
+            "description": tool.get("description"),
+            "parameters": tool.get("parameters"),
+        }
         for key in ("strict", "defer_loading"):
             if tool.get(key) is not None:
                 function[key] = tool[key]
@@ -473,9 +545,12 @@ def render_prompt(req: ResponsesRequest, max_model_len: int) -> list[int]:
     (after the renderer's check of the output cap, TokenizeParams)."""
     messages = input_messages(req.instructions, req.input)
     if req.max_output_tokens is not None and req.max_output_tokens > max_model_len:
-        raise invalid(f"max_output_tokens={req.max_output_tokens} cannot be greater than max_model_len="
-                      f"{max_model_len}. Please request fewer output tokens.", "max_output_tokens",
-                      req.max_output_tokens)  # fmt: skip
+        raise invalid(
+            f"max_output_tokens={req.max_output_tokens} cannot be greater than max_model_len="
+            f"{max_model_len}. Please request fewer output tokens.",
+            "max_output_tokens",
+            req.max_output_tokens,
+        )
     cont = continues_final_message(req.input)
     try:
         return render_conversation(parse_messages(messages), tool_dicts(req.tools), not cont, cont)
@@ -494,12 +569,20 @@ class ResponseBuilder:
     created_at: int = field(default_factory=lambda: int(time.time()))
     message_id: str = field(default_factory=lambda: f"msg_{random_uuid()}")
 
-    def response(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None,
-                 params: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
+    def response(
+        self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None, params: dict[str, Any] | None
+    ) -> dict[str, Any]:
         req, body = self.req, self.req.body
         temperature = 1.0 if req.temperature is None else float(req.temperature)
         top_p = 1.0 if req.top_p is None or temperature < 1e-5 else float(req.top_p)  # greedy resets top_p
         options = body.get("prompt_cache_options")
+        if options is not None:
+            options = {
+                "mode": options.get("mode", "implicit"),
+                "ttl": options.get("ttl", "30m"),
+                "comparison_response_id": options.get("comparison_response_id"),
+            }
+        retention = body.get("prompt_cache_retention")
         return {
             "id": req.request_id,
             "created_at": self.created_at,
@@ -519,12 +602,9 @@ class ResponseBuilder:
             "max_tool_calls": body.get("max_tool_calls"),
             "previous_response_id": req.previous_response_id,
             "prompt": None,
-            "prompt_cache_options": None if options is None else {
-                "mode": options.get("mode", "implicit"), "ttl": options.get("ttl", "30m"),
-                "comparison_response_id": options.get("comparison_response_id")},
+            "prompt_cache_options": options,
             "prompt_cache_key": body.get("prompt_cache_key"),
-            "prompt_cache_retention": "in_memory" if body.get("prompt_cache_retention") == "in-memory" else body.get(
-                "prompt_cache_retention"),
+            "prompt_cache_retention": "in_memory" if retention == "in-memory" else retention,
             "reasoning": _echo_reasoning(body.get("reasoning")),
             "safety_identifier": body.get("safety_identifier"),
             "service_tier": body.get("service_tier", "auto"),
@@ -540,12 +620,18 @@ class ResponseBuilder:
             "ec_transfer_params": None,
             "input_messages": None,
             "output_messages": None,
-        }  # fmt: skip
+        }
 
     def message(self, text: str, status: str) -> dict[str, Any]:
         content = [self.text_part(text, None)] if text else []
-        return {"id": self.message_id, "content": content, "role": "assistant", "status": status, "type": "message",
-                "phase": None}  # fmt: skip
+        return {
+            "id": self.message_id,
+            "content": content,
+            "role": "assistant",
+            "status": status,
+            "type": "message",
+            "phase": None,
+        }
 
     @staticmethod
     def text_part(text: str, logprobs: list[Any] | None) -> dict[str, Any]:
@@ -556,14 +642,21 @@ class ResponseBuilder:
         prompt, output = len(run.req.prompt), len(run.output)
         return {
             "input_tokens": prompt,
-            "input_tokens_details": {"cached_tokens": reported_cached_tokens(run),
-                                     "cache_write_tokens": run.num_cache_creation_tokens,
-                                     "input_tokens_per_turn": [], "cached_tokens_per_turn": []},
+            "input_tokens_details": {
+                "cached_tokens": reported_cached_tokens(run),
+                "cache_write_tokens": run.num_cache_creation_tokens,
+                "input_tokens_per_turn": [],
+                "cached_tokens_per_turn": [],
+            },
             "output_tokens": output,
-            "output_tokens_details": {"reasoning_tokens": 0, "tool_output_tokens": 0, "output_tokens_per_turn": [],
-                                      "tool_output_tokens_per_turn": []},
+            "output_tokens_details": {
+                "reasoning_tokens": 0,
+                "tool_output_tokens": 0,
+                "output_tokens_per_turn": [],
+                "tool_output_tokens_per_turn": [],
+            },
             "total_tokens": prompt + output,
-        }  # fmt: skip
+        }
 
 
 def _echo_tool(tool: dict[str, Any]) -> dict[str, Any]:
@@ -614,16 +707,28 @@ class ResponsesRoute:
             req = parse_request(body)
             # 2.
             if req.model and req.model != self.model:
-                raise RequestError(404, f"The model `{req.model}` does not exist. Valid aliases: {self.model}.",
-                                   "NotFoundError", "model")  # fmt: skip
+                raise RequestError(
+                    404,
+                    f"The model `{req.model}` does not exist. Valid aliases: {self.model}.",
+                    "NotFoundError",
+                    "model",
+                )
             if req.store and req.background:
-                raise RequestError(400, "This vLLM engine does not support `store=True` and therefore does not "
-                                   "support the background mode. To enable these features, set the environment "
-                                   "variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.",
-                                   "invalid_request_error", "background")  # fmt: skip
+                raise RequestError(
+                    400,
+                    "This vLLM engine does not support `store=True` and therefore does not "
+                    "support the background mode. To enable these features, set the environment "
+                    "variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.",
+                    "invalid_request_error",
+                    "background",
+                )
             if req.previous_input_messages and req.previous_response_id:
-                raise RequestError(400, "Only one of `previous_input_messages` and `previous_response_id` can be set.",
-                                   "invalid_request_error", "previous_response_id")  # fmt: skip
+                raise RequestError(
+                    400,
+                    "Only one of `previous_input_messages` and `previous_response_id` can be set.",
+                    "invalid_request_error",
+                    "previous_response_id",
+                )
             if req.previous_response_id is not None:
                 raise _not_found(req.previous_response_id)
             # 3.
@@ -631,20 +736,29 @@ class ResponsesRoute:
             # 4.
             check_prompt_fits(len(prompt), self.max_model_len)
             if len(prompt) >= self.max_model_len:
-                raise RequestError(400, f"The engine prompt length {len(prompt)} exceeds the max_model_len "
-                                   f"{self.max_model_len}. Please reduce prompt.", "invalid_request_error",
-                                   "input")  # fmt: skip
+                raise RequestError(
+                    400,
+                    f"The engine prompt length {len(prompt)} exceeds the max_model_len "
+                    f"{self.max_model_len}. Please reduce prompt.",
+                    "invalid_request_error",
+                    "input",
+                )
             max_tokens = sampled_max_tokens(self.max_model_len, req.max_output_tokens, len(prompt))
             check_max_tokens(max_tokens)
             return await self._generate(request, req, prompt, max_tokens)
         except RequestError as e:
             return openai_error(e)
 
-    async def _generate(self, request: web.Request, req: ResponsesRequest, prompt: list[int],
-                        max_tokens: int) -> web.StreamResponse:  # fmt: skip
-        greq = GenerationRequest(request_id=f"{req.request_id}_0-{random_uuid()[:8]}", prompt=prompt,
-                                 max_tokens=max_tokens, ignore_eos=req.ignore_eos,
-                                 kv_params=kv_params(req.kv_transfer_params))  # fmt: skip
+    async def _generate(
+        self, request: web.Request, req: ResponsesRequest, prompt: list[int], max_tokens: int
+    ) -> web.StreamResponse:
+        greq = GenerationRequest(
+            request_id=f"{req.request_id}_0-{random_uuid()[:8]}",
+            prompt=prompt,
+            max_tokens=max_tokens,
+            ignore_eos=req.ignore_eos,
+            kv_params=kv_params(req.kv_transfer_params),
+        )
         out = ResponseBuilder(req, self.model, max_tokens)
         try:
             async with generation(self.engine, greq) as run:
@@ -723,17 +837,24 @@ class _Events:
     def opened(self) -> bytes:
         """emit_simple_content_open: the message item in progress and its empty text part."""
         item_id = self.out.message_id
-        item: dict[str, Any] = {"id": item_id, "content": [], "role": "assistant", "status": "in_progress", "type": "message",
-                "phase": None}  # fmt: skip
+        item: dict[str, Any] = {
+            "id": item_id,
+            "content": [],
+            "role": "assistant",
+            "status": "in_progress",
+            "type": "message",
+            "phase": None,
+        }
         part = self.out.text_part("", [])
         return self._event("response.output_item.added", {"item": item, "output_index": 0}) + self._event(
             "response.content_part.added", {"content_index": 0, "item_id": item_id, "output_index": 0, "part": part}
         )
 
     def delta(self, text: str) -> bytes:
-        return self._event("response.output_text.delta", {"content_index": 0, "delta": text,
-                                                          "item_id": self.out.message_id, "logprobs": [],
-                                                          "output_index": 0})  # fmt: skip
+        return self._event(
+            "response.output_text.delta",
+            {"content_index": 0, "delta": text, "item_id": self.out.message_id, "logprobs": [], "output_index": 0},
+        )
 
     def closed(self, item: dict[str, Any]) -> bytes:
         """emit_simple_content_done: the text, the part and the item, finished."""

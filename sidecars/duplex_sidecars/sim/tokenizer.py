@@ -30,7 +30,6 @@ _ID_SPACE = 2**31 - FIRST_WORD_ID
 
 # Specials first so that `<|im_end|>` is one token, then words, then single punctuation characters.
 _TOKEN_RE = re.compile(r"<\|[a-z_]+\|>|\w+|[^\w\s]")
-_SPECIAL_BY_ID = {v: k for k, v in SPECIAL_TOKENS.items()}
 # Histories are resent every turn: texts up to this size are tokenized once and then looked up, as fast as a real
 # (compiled) tokenizer, so that the simulator's own cost stays far below a router's.
 _CACHED_TEXT_CHARS = 4096
@@ -61,8 +60,3 @@ def tokenize(text: str) -> list[int]:
 @functools.lru_cache(maxsize=1024)  # with the id cache, ~32 MB when both are full
 def _tokenize_cached(text: str) -> tuple[int, ...]:
     return tuple(token_id(p) for p in split(text))
-
-
-def special_name(tok: int) -> str | None:
-    """The string of a special token id, None for ordinary tokens."""
-    return _SPECIAL_BY_ID.get(tok)

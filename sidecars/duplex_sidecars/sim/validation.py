@@ -81,8 +81,12 @@ class FieldError:
     ctx: dict[str, Any] | None = None
 
     def describe(self) -> str:
-        entry: dict[str, Any] = {"type": self.type, "loc": ".".join(map(str, self.loc)), "msg": self.msg,
-                                 "input": _summarize(self.input)}  # fmt: skip
+        entry: dict[str, Any] = {
+            "type": self.type,
+            "loc": ".".join(map(str, self.loc)),
+            "msg": self.msg,
+            "input": _summarize(self.input),
+        }
         if self.ctx is not None:
             entry["ctx"] = self.ctx
         text = str(entry)
@@ -103,8 +107,9 @@ def validation_failed(errors: Sequence[FieldError]) -> RequestError:
 async def read_json_object(request: web.Request) -> dict[str, Any]:
     """The request body as FastAPI hands it to a pydantic model: JSON only (validate_json_request), an object."""
     if request.content_type != "application/json":
-        raise RequestError(400, "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
-                           "Bad Request")  # fmt: skip
+        raise RequestError(
+            400, "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed", "Bad Request"
+        )
     raw = await request.read()
     if not raw:
         raise validation_failed([FieldError("missing", ("body",), "Field required", None)])
@@ -120,9 +125,16 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
         except UnicodeDecodeError as e:
             raise validation_failed([FieldError("json_invalid", ("body", 0), "JSON decode error", {})]) from e
     if not isinstance(body, dict):
-        raise validation_failed([FieldError("model_attributes_type", ("body",),
-                                            "Input should be a valid dictionary or object to extract fields from",
-                                            body)])  # fmt: skip
+        raise validation_failed(
+            [
+                FieldError(
+                    "model_attributes_type",
+                    ("body",),
+                    "Input should be a valid dictionary or object to extract fields from",
+                    body,
+                )
+            ]
+        )
     return body
 
 

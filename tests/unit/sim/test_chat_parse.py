@@ -16,45 +16,92 @@ CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '
         ({"role": "user", "content": None}, {"role": "user", "content": ""}),
         # text-like parts of every API join with newlines; other keys never reach the template
         (
-            {"role": "user", "type": "message", "id": "x", "status": "completed",
-             "content": [{"type": "input_text", "text": "a"}, {"type": "text", "text": "b"},
-                         {"type": "output_text", "text": "c", "annotations": []}, "d"]},
+            {
+                "role": "user",
+                "type": "message",
+                "id": "x",
+                "status": "completed",
+                "content": [
+                    {"type": "input_text", "text": "a"},
+                    {"type": "text", "text": "b"},
+                    {"type": "output_text", "text": "c", "annotations": []},
+                    "d",
+                ],
+            },
             {"role": "user", "content": "a\nb\nc\nd"},
         ),
-        ({"role": "user", "content": [{"type": "text", "text": None}, {"type": "refusal", "refusal": "no"}]},
-         {"role": "user", "content": "no"}),
-        ({"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "u"}}]},
-         {"role": "user", "content": [{"type": "text", "text": "look"},
-                                      {"type": "image_url", "image_url": {"url": "u"}}]}),
+        (
+            {"role": "user", "content": [{"type": "text", "text": None}, {"type": "refusal", "refusal": "no"}]},
+            {"role": "user", "content": "no"},
+        ),
+        (
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "u"}}],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "u"}}],
+            },
+        ),
         ({"role": "user", "content": "hi", "name": "bob"}, {"role": "user", "content": "hi", "name": "bob"}),
         ({"role": "user", "content": "hi", "name": 5}, {"role": "user", "content": "hi"}),
         # Claude Code's per-request attribution line is dropped from system text
-        ({"role": "system", "content": "x-anthropic-billing-header: cch=1\nBe brief."},
-         {"role": "system", "content": "Be brief."}),
-        ({"role": "system", "content": [{"type": "text", "text": "x-anthropic-billing-header: cch=1"},
-                                        {"type": "text", "text": "kept"}]},
-         {"role": "system", "content": "kept"}),
-        ({"role": "user", "content": "x-anthropic-billing-header: stays for users"},
-         {"role": "user", "content": "x-anthropic-billing-header: stays for users"}),
+        (
+            {"role": "system", "content": "x-anthropic-billing-header: cch=1\nBe brief."},
+            {"role": "system", "content": "Be brief."},
+        ),
+        (
+            {
+                "role": "system",
+                "content": [
+                    {"type": "text", "text": "x-anthropic-billing-header: cch=1"},
+                    {"type": "text", "text": "kept"},
+                ],
+            },
+            {"role": "system", "content": "kept"},
+        ),
+        (
+            {"role": "user", "content": "x-anthropic-billing-header: stays for users"},
+            {"role": "user", "content": "x-anthropic-billing-header: stays for users"},
+        ),
         # tool calls get object arguments; bad JSON or a non-object becomes {}; an empty list disappears
-        ({"role": "assistant", "content": None, "tool_calls": [CALL]},
-         {"role": "assistant", "content": "",
-          "tool_calls": [{**CALL, "function": {"name": "f", "arguments": {"b": 1, "a": [2]}}}]}),
-        ({"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "{oops"}}]},
-         {"role": "assistant", "content": "", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": {}}}]}),
-        ({"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "[1]"}}]},
-         {"role": "assistant", "content": "", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": {}}}]}),
+        (
+            {"role": "assistant", "content": None, "tool_calls": [CALL]},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{**CALL, "function": {"name": "f", "arguments": {"b": 1, "a": [2]}}}],
+            },
+        ),
+        (
+            {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "{oops"}}]},
+            {"role": "assistant", "content": "", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": {}}}]},
+        ),
+        (
+            {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "[1]"}}]},
+            {"role": "assistant", "content": "", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": {}}}]},
+        ),
         ({"role": "assistant", "content": "x", "tool_calls": []}, {"role": "assistant", "content": "x"}),
-        ({"role": "assistant", "content": "x", "reasoning": "r"},
-         {"role": "assistant", "content": "x", "reasoning": "r", "reasoning_content": "r"}),
-        ({"role": "user", "content": "x", "reasoning": "r", "tool_calls": [CALL], "tool_call_id": "c"},
-         {"role": "user", "content": "x"}),
-        ({"role": "tool", "content": [{"type": "input_text", "text": "4"}, {"type": "text", "text": "2"}],
-          "tool_call_id": "c1"},
-         {"role": "tool", "content": "4\n2", "tool_call_id": "c1"}),
+        (
+            {"role": "assistant", "content": "x", "reasoning": "r"},
+            {"role": "assistant", "content": "x", "reasoning": "r", "reasoning_content": "r"},
+        ),
+        (
+            {"role": "user", "content": "x", "reasoning": "r", "tool_calls": [CALL], "tool_call_id": "c"},
+            {"role": "user", "content": "x"},
+        ),
+        (
+            {
+                "role": "tool",
+                "content": [{"type": "input_text", "text": "4"}, {"type": "text", "text": "2"}],
+                "tool_call_id": "c1",
+            },
+            {"role": "tool", "content": "4\n2", "tool_call_id": "c1"},
+        ),
         ({"role": "developer", "content": "d"}, {"role": "developer", "content": "d", "tools": None}),
     ],
-)  # fmt: skip
+)
 def test_parse_keeps_what_reaches_the_template(message, parsed):
     assert parse_message(message) == parsed
 

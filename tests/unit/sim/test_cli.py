@@ -18,8 +18,20 @@ def test_defaults_match_vllm_and_cost_nothing():
 
 
 def test_flags():
-    cfg = _cfg("--no-bidirectional", "--engine-id", "d1", "--served-model-name", "Qwen", "--kv-load-failure-policy",
-               "recompute", "--decode-us-per-token", "500", "--side-channel-port", "5601", "--fail-on-corrupt")  # fmt: skip
+    cfg = _cfg(
+        "--no-bidirectional",
+        "--engine-id",
+        "d1",
+        "--served-model-name",
+        "Qwen",
+        "--kv-load-failure-policy",
+        "recompute",
+        "--decode-us-per-token",
+        "500",
+        "--side-channel-port",
+        "5601",
+        "--fail-on-corrupt",
+    )
     assert not cfg.bidirectional and cfg.engine_id == "d1" and cfg.model == "Qwen"
     assert cfg.kv_load_failure_policy == "recompute" and cfg.side_channel_port == 5601 and cfg.fail_on_corrupt
     assert cfg.cost.decode_seconds() == pytest.approx(0.0005)
@@ -34,8 +46,16 @@ def test_block_bytes_must_be_whole_slots():
 def test_a_cost_profile_with_a_flag_over_it_and_a_time_scale(tmp_path):
     profile = tmp_path / "cost.json"
     profile.write_text('{"cost": {"prefill_us_per_token": 3000, "decode_us_per_token": 50000}}')
-    cfg = _cfg("--cost-profile", str(profile), "--decode-us-per-token", "1000", "--read-back-latency-ms", "100",
-               "--time-scale", "0.5")  # fmt: skip
+    cfg = _cfg(
+        "--cost-profile",
+        str(profile),
+        "--decode-us-per-token",
+        "1000",
+        "--read-back-latency-ms",
+        "100",
+        "--time-scale",
+        "0.5",
+    )
     assert cfg.cost.prefill_seconds(100, 0) == pytest.approx(0.15)
     assert cfg.cost.decode_seconds() == pytest.approx(0.0005)
     assert cfg.cost.read_seconds(0, read_back=True) == pytest.approx(0.05)

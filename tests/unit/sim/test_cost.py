@@ -37,8 +37,13 @@ def test_only_a_read_back_pays_the_fixed_part():
 
 
 def test_scaled_keeps_the_ratios_and_shrinks_every_duration():
-    c = CostModel(prefill_us_per_token=3000, prefill_attention_us_per_token2=0.75, decode_us_per_token=50_000,
-                  transfer_gbps=8, read_back_latency_us=100_000)  # fmt: skip
+    c = CostModel(
+        prefill_us_per_token=3000,
+        prefill_attention_us_per_token2=0.75,
+        decode_us_per_token=50_000,
+        transfer_gbps=8,
+        read_back_latency_us=100_000,
+    )
     fast = c.scaled(0.1)
     assert fast.prefill_seconds(500, 2000) == pytest.approx(c.prefill_seconds(500, 2000) / 10)
     assert fast.decode_seconds(3) == pytest.approx(c.decode_seconds(3) / 10)

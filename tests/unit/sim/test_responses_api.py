@@ -20,8 +20,14 @@ from duplex_sidecars.sim.validation import RequestError
 from .sim_app import sim_client, sse_events
 
 KV = pr.KV_PARAMS_FIELD
-OUT = {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed", "phase": None,
-       "content": [{"type": "output_text", "text": "answer", "annotations": [], "logprobs": None}]}  # fmt: skip
+OUT = {
+    "type": "message",
+    "role": "assistant",
+    "id": "msg_1",
+    "status": "completed",
+    "phase": None,
+    "content": [{"type": "output_text", "text": "answer", "annotations": [], "logprobs": None}],
+}
 CALL = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"x": 1}', "id": "fc_1"}
 FN_CALL = {"id": "c1", "function": {"name": "f", "arguments": '{"x": 1}'}, "type": "function"}
 
@@ -35,36 +41,80 @@ def convert(body: dict[str, Any]) -> list[dict[str, Any]]:
     ("body", "messages"),
     [
         ({"input": "hi"}, [{"role": "user", "content": "hi"}]),
-        ({"input": "hi", "instructions": "be brief"}, [{"role": "system", "content": "be brief"},
-                                                       {"role": "user", "content": "hi"}]),
+        (
+            {"input": "hi", "instructions": "be brief"},
+            [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+        ),
         ({"input": "hi", "instructions": ""}, [{"role": "user", "content": "hi"}]),
         # messages pass through whole (the parse picks role, content, name)
-        ({"input": [{"role": "user", "content": "hi", "name": "bob"}]}, [{"role": "user", "content": "hi", "name": "bob"}]),
+        (
+            {"input": [{"role": "user", "content": "hi", "name": "bob"}]},
+            [{"role": "user", "content": "hi", "name": "bob"}],
+        ),
         # a previous output item: only its first part's text, as a plain assistant message
         ({"input": [OUT]}, [{"role": "assistant", "content": "answer"}]),
-        ({"input": [{**OUT, "content": [{"type": "output_text", "text": "a"}, {"type": "output_text", "text": "b"}]}]},
-         [{"role": "assistant", "content": "a"}]),
+        (
+            {
+                "input": [
+                    {**OUT, "content": [{"type": "output_text", "text": "a"}, {"type": "output_text", "text": "b"}]}
+                ]
+            },
+            [{"role": "assistant", "content": "a"}],
+        ),
         ({"input": [{"role": "assistant", "content": "plain"}]}, [{"role": "assistant", "content": "plain"}]),
         # tool calls join the assistant message before them; a message after calls fills in its content
-        ({"input": [OUT, CALL, {**CALL, "call_id": "c2"}]},
-         [{"role": "assistant", "content": "answer", "tool_calls": [FN_CALL, {**FN_CALL, "id": "c2"}]}]),
-        ({"input": [CALL, OUT, OUT]},
-         [{"role": "assistant", "tool_calls": [FN_CALL], "content": "answer"}, {"role": "assistant", "content": "answer"}]),
-        ({"input": [{**CALL, "namespace": "ns"}]},
-         [{"role": "assistant", "tool_calls": [{**FN_CALL, "function": {"name": "ns__f", "arguments": '{"x": 1}'}}]}]),
-        ({"input": [{"type": "function_call_output", "call_id": "c1", "output": "42", "id": "o1"}]},
-         [{"role": "tool", "content": "42", "tool_call_id": "c1"}]),
-        ({"input": [{"type": "custom_tool_call", "call_id": "c9", "name": "sh", "input": "ls"}]},
-         [{"role": "assistant", "tool_calls": [{"id": "c9", "function": {"name": "sh", "arguments": '{"input": "ls"}'},
-                                                "type": "function"}]}]),
+        (
+            {"input": [OUT, CALL, {**CALL, "call_id": "c2"}]},
+            [{"role": "assistant", "content": "answer", "tool_calls": [FN_CALL, {**FN_CALL, "id": "c2"}]}],
+        ),
+        (
+            {"input": [CALL, OUT, OUT]},
+            [
+                {"role": "assistant", "tool_calls": [FN_CALL], "content": "answer"},
+                {"role": "assistant", "content": "answer"},
+            ],
+        ),
+        (
+            {"input": [{**CALL, "namespace": "ns"}]},
+            [
+                {
+                    "role": "assistant",
+                    "tool_calls": [{**FN_CALL, "function": {"name": "ns__f", "arguments": '{"x": 1}'}}],
+                }
+            ],
+        ),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "c1", "output": "42", "id": "o1"}]},
+            [{"role": "tool", "content": "42", "tool_call_id": "c1"}],
+        ),
+        (
+            {"input": [{"type": "custom_tool_call", "call_id": "c9", "name": "sh", "input": "ls"}]},
+            [
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "c9", "function": {"name": "sh", "arguments": '{"input": "ls"}'}, "type": "function"}
+                    ],
+                }
+            ],
+        ),
         # reasoning: its content, else its first summary; it fills the reasoning of the assistant message before it
-        ({"input": [{"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "t"}]}, OUT]},
-         [{"role": "assistant", "reasoning": "t", "content": "answer"}]),
-        ({"input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "s"}]}]},
-         [{"role": "assistant", "reasoning": "s"}]),
+        (
+            {
+                "input": [
+                    {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "t"}]},
+                    OUT,
+                ]
+            },
+            [{"role": "assistant", "reasoning": "t", "content": "answer"}],
+        ),
+        (
+            {"input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "s"}]}]},
+            [{"role": "assistant", "reasoning": "s"}],
+        ),
         ({"input": [{"type": "reasoning", "summary": []}]}, [{"role": "assistant", "reasoning": ""}]),
     ],
-)  # fmt: skip
+)
 def test_input_becomes_chat_messages_as_vllm_converts_it(body, messages):
     assert convert(body) == messages
 
@@ -72,9 +122,12 @@ def test_input_becomes_chat_messages_as_vllm_converts_it(body, messages):
 def test_the_previous_reply_resent_reaches_the_prompt_as_its_text_only():
     """Ids, statuses, annotations, logprobs and phases of resent output items do not change the prompt."""
     first = [{"role": "user", "content": "q"}]
-    variants = [OUT, {**OUT, "id": "msg_other", "status": "incomplete", "phase": "final_answer"},
-                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "answer"}]},
-                {"role": "assistant", "content": "answer"}]  # fmt: skip
+    variants = [
+        OUT,
+        {**OUT, "id": "msg_other", "status": "incomplete", "phase": "final_answer"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "answer"}]},
+        {"role": "assistant", "content": "answer"},
+    ]
     prompts = set()
     for item in variants:
         items = first + [item, {"role": "user", "content": "next"}]
@@ -85,13 +138,16 @@ def test_the_previous_reply_resent_reaches_the_prompt_as_its_text_only():
 @pytest.mark.parametrize(
     ("last", "continues"),
     [
-        ({**OUT, "status": "incomplete"}, True), ({**OUT, "status": "in_progress"}, True), (OUT, False),
+        ({**OUT, "status": "incomplete"}, True),
+        ({**OUT, "status": "in_progress"}, True),
+        (OUT, False),
         ({key: v for key, v in OUT.items() if key != "status"}, False),  # vLLM fills in "completed"
         ({"type": "reasoning", "summary": [], "status": "incomplete"}, True),
         ({"role": "user", "content": "q", "status": "incomplete"}, True),
-        ({"role": "user", "content": "q"}, False), (CALL, False),
+        ({"role": "user", "content": "q"}, False),
+        (CALL, False),
     ],
-)  # fmt: skip
+)
 def test_an_unfinished_last_message_is_continued(last, continues):
     req = api.parse_request({"input": [{"role": "user", "content": "q"}, last]})
     assert api.continues_final_message(req.input) is continues
@@ -100,8 +156,10 @@ def test_an_unfinished_last_message_is_continued(last, continues):
 
 
 def test_function_tools_become_chat_tools():
-    tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}},
-             {"type": "function", "name": "g", "description": "G", "strict": True}]  # fmt: skip
+    tools = [
+        {"type": "function", "name": "f", "parameters": {"type": "object"}},
+        {"type": "function", "name": "g", "description": "G", "strict": True},
+    ]
     assert api.tool_dicts(api.parse_request({"input": "x", "tools": tools}).tools) == [
         {"type": "function", "function": {"name": "f", "description": None, "parameters": {"type": "object"}}},
         {"type": "function", "function": {"name": "g", "description": "G", "parameters": None, "strict": True}},
@@ -118,17 +176,29 @@ def test_function_tools_become_chat_tools():
         ({"input": "x", KV: [1]}, 400, "Bad Request", "body.kv_transfer_params"),
         # a bad item fails the list branch of `str | list`: pydantic reports the string branch first
         ({"input": [{"role": "user"}]}, 400, "Bad Request", "body.input"),
-        ({"input": [{"role": "assistant", "content": [{"type": "output_text", "text": "x"}]}]}, 400, "Bad Request",
-         "body.input"),
+        (
+            {"input": [{"role": "assistant", "content": [{"type": "output_text", "text": "x"}]}]},
+            400,
+            "Bad Request",
+            "body.input",
+        ),
         ({"input": [{"type": "reasoning", "content": []}]}, 400, "Bad Request", "body.input"),
         ({"input": "x", "prompt": {"id": "p"}}, 400, "BadRequestError", "prompt"),
         ({"input": "x", "background": True, "store": False}, 400, "BadRequestError", "background"),
         ({"input": "x", "tool_choice": "required"}, 400, "BadRequestError", "tool_choice"),
-        ({"input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "g"}},
-         400, "BadRequestError", "tool_choice"),
+        (
+            {
+                "input": "x",
+                "tools": [{"type": "function", "name": "f"}],
+                "tool_choice": {"type": "function", "name": "g"},
+            },
+            400,
+            "BadRequestError",
+            "tool_choice",
+        ),
         ({"input": "x", "tools": [{"type": "web_search_preview"}]}, 400, "BadRequestError", "tools"),
     ],
-)  # fmt: skip
+)
 def test_invalid_requests_are_refused_as_vllm_refuses_them(body, status, type_, param):
     with pytest.raises(RequestError) as info:
         api.parse_request(body)
@@ -138,12 +208,19 @@ def test_invalid_requests_are_refused_as_vllm_refuses_them(body, status, type_, 
 @pytest.mark.parametrize(
     ("item", "status", "message"),
     [
-        ({"type": "item_reference", "id": "msg_0"}, 400, "Unsupported input item type: item_reference (parameter=input)"),
-        ({"type": "reasoning", "summary": [], "encrypted_content": "z"}, 400,
-         "Encrypted content is not supported. (parameter=input)"),
+        (
+            {"type": "item_reference", "id": "msg_0"},
+            400,
+            "Unsupported input item type: item_reference (parameter=input)",
+        ),
+        (
+            {"type": "reasoning", "summary": [], "encrypted_content": "z"},
+            400,
+            "Encrypted content is not supported. (parameter=input)",
+        ),
         ({**OUT, "content": []}, 500, "list index out of range"),
     ],
-)  # fmt: skip
+)
 def test_items_vllm_accepts_but_cannot_convert(item, status, message):
     with pytest.raises(RequestError) as info:
         convert({"input": [item]})
@@ -157,29 +234,69 @@ def test_without_tools_tool_choice_auto_becomes_none():
 
 # -- the route, in process ----------------------------------------------------------------------------------------
 RESPONSE_KEYS = [
-    "id", "created_at", "incomplete_details", "instructions", "metadata", "model", "object", "output",
-    "parallel_tool_calls", "temperature", "tool_choice", "tools", "top_p", "background", "max_output_tokens",
-    "max_tool_calls", "previous_response_id", "prompt", "prompt_cache_options", "prompt_cache_key",
-    "prompt_cache_retention", "reasoning", "safety_identifier", "service_tier", "status", "text", "top_logprobs",
-    "truncation", "usage", "user", "presence_penalty", "frequency_penalty", "kv_transfer_params",
-    "ec_transfer_params", "input_messages", "output_messages",
-]  # fmt: skip
+    "id",
+    "created_at",
+    "incomplete_details",
+    "instructions",
+    "metadata",
+    "model",
+    "object",
+    "output",
+    "parallel_tool_calls",
+    "temperature",
+    "tool_choice",
+    "tools",
+    "top_p",
+    "background",
+    "max_output_tokens",
+    "max_tool_calls",
+    "previous_response_id",
+    "prompt",
+    "prompt_cache_options",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "reasoning",
+    "safety_identifier",
+    "service_tier",
+    "status",
+    "text",
+    "top_logprobs",
+    "truncation",
+    "usage",
+    "user",
+    "presence_penalty",
+    "frequency_penalty",
+    "kv_transfer_params",
+    "ec_transfer_params",
+    "input_messages",
+    "output_messages",
+]
 
 
 async def test_a_prefill_leg_answers_with_prefills_params():
     async with sim_client(engine_id="p-unit", max_model_len=4096) as client:
-        body = {"input": "Tell me about the sea.", "instructions": "Be brief.", "max_output_tokens": 1,
-                KV: pr.miss_params(), "request_id": "resp_given"}  # fmt: skip
+        body = {
+            "input": "Tell me about the sea.",
+            "instructions": "Be brief.",
+            "max_output_tokens": 1,
+            KV: pr.miss_params(),
+            "request_id": "resp_given",
+        }
         resp = await client.post("/v1/responses", json=body)
         assert resp.status == 200 and resp.content_type == "application/json"
         out = await resp.json()
     assert list(out) == RESPONSE_KEYS
     assert (out["id"], out["object"], out["status"], out["incomplete_details"]) == (
-        "resp_given", "response", "incomplete", {"reason": "max_output_tokens"})  # fmt: skip
+        "resp_given",
+        "response",
+        "incomplete",
+        {"reason": "max_output_tokens"},
+    )
     (item,) = out["output"]
     assert list(item) == ["id", "content", "role", "status", "type", "phase"] and item["status"] == "incomplete"
-    assert item["content"] == [{"annotations": [], "text": item["content"][0]["text"], "type": "output_text",
-                                "logprobs": None}]  # fmt: skip
+    assert item["content"] == [
+        {"annotations": [], "text": item["content"][0]["text"], "type": "output_text", "logprobs": None}
+    ]
     params = out[KV]
     assert params["do_remote_prefill"] is True and params["remote_engine_id"] == "p-unit"
     assert params["remote_request_id"].startswith("resp_given_0-")
@@ -204,15 +321,25 @@ async def test_plain_requests_are_deterministic_and_report_cache_hits():
 
 async def test_a_stream_frames_events_as_vllm_does():
     async with sim_client(max_model_len=4096) as client:
-        resp = await client.post("/v1/responses", json={"input": "Hello there, sailor.", "stream": True,
-                                                        "max_output_tokens": 3, "ignore_eos": True})  # fmt: skip
+        resp = await client.post(
+            "/v1/responses",
+            json={"input": "Hello there, sailor.", "stream": True, "max_output_tokens": 3, "ignore_eos": True},
+        )
         assert resp.headers["Content-Type"].startswith("text/event-stream")
         events = sse_events(await resp.read())
     assert [name for name, _ in events] == [
-        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
-        "response.output_text.delta", "response.output_text.delta", "response.output_text.delta",
-        "response.output_text.done", "response.content_part.done", "response.output_item.done", "response.incomplete",
-    ]  # fmt: skip
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
     for n, (name, data) in enumerate(events):
         assert data["type"] == name and data["sequence_number"] == n and list(data) == sorted(data)
     final = events[-1][1]["response"]
@@ -242,7 +369,7 @@ async def test_nothing_is_stored():
         ({"input": "word " * 1995}, 400, "input"),  # 1995 words + 5 template tokens: the context, full
         ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, 400, "body.input"),
     ],
-)  # fmt: skip
+)
 async def test_engine_level_refusals(body, status, param):
     async with sim_client(max_model_len=2000) as client:
         resp = await client.post("/v1/responses", json=body)
@@ -251,9 +378,17 @@ async def test_engine_level_refusals(body, status, param):
 
 
 async def test_a_failed_remote_load_is_an_internal_error_then_a_dropped_stream():
-    params = {**pr.miss_params(), "do_remote_decode": False, "do_remote_prefill": True, "remote_engine_id": "gone",
-              "remote_request_id": "r", "remote_block_ids": [[0]], "remote_host": "127.0.0.1", "remote_port": 9,
-              "remote_num_tokens": 12}  # fmt: skip
+    params = {
+        **pr.miss_params(),
+        "do_remote_decode": False,
+        "do_remote_prefill": True,
+        "remote_engine_id": "gone",
+        "remote_request_id": "r",
+        "remote_block_ids": [[0]],
+        "remote_host": "127.0.0.1",
+        "remote_port": 9,
+        "remote_num_tokens": 12,
+    }
     async with sim_client() as client:
         resp = await client.post("/v1/responses", json={"input": "x", KV: params})
         assert resp.status == 500 and (await resp.json())["error"]["message"] == "Internal server error"
@@ -268,8 +403,13 @@ _words = st.lists(st.sampled_from(["sail", "reef", "wind", "knot", "mast", "?", 
 
 
 @settings(max_examples=80)
-@given(instructions=st.one_of(st.none(), _words), question=_words, follow=_words, cap=st.one_of(st.none(), st.integers(1, 70)),
-       continue_reply=st.booleans())  # fmt: skip
+@given(
+    instructions=st.one_of(st.none(), _words),
+    question=_words,
+    follow=_words,
+    cap=st.one_of(st.none(), st.integers(1, 70)),
+    continue_reply=st.booleans(),
+)
 def test_the_follow_up_prompt_starts_with_decodes_tokens(instructions, question, follow, cap, continue_reply):
     """Previous input + the output item as returned (+ a new user message) renders a prompt that starts with the
     previous prompt and the reply tokens decode has KV for; resending an incomplete reply alone continues it."""
