@@ -1,10 +1,8 @@
-"""`duplex calibrate`: the recompute threshold this deployment or this machine measures, and what it came from.
+"""`duplex calibrate --router URL`: the recompute threshold a running router measures, and what it came from.
 
-    duplex calibrate --router URL    a running router's fit, off its admin port (kubectl port-forward deploy/NAME-router 9090)
-    duplex calibrate --local         real CPU vLLM engines on this machine (the development install)
-
-It prints the inputs of kvTransfer.recomputeThreshold: Auto (router/calibration.py) and the value Auto would apply
-within the default bounds; --json prints the fit alone.
+It reads the fit off the router's admin port (kubectl port-forward deploy/NAME-router 9090) and prints the inputs of
+kvTransfer.recomputeThreshold: Auto (router/calibration.py) and the value Auto would apply within the default bounds;
+--json prints the fit alone. On a development machine, `duplex-dev calibrate` measures real CPU vLLM engines instead.
 """
 
 from __future__ import annotations
@@ -39,10 +37,9 @@ def router_fit(router_url: str, timeout: float = 30.0) -> dict[str, Any] | None:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="duplex calibrate", description=__doc__.split("\n\n")[0])
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--router", metavar="URL", help="a running router's admin port, e.g. http://localhost:9090")
-    where.add_argument("--local", action="store_true", help="start real CPU vLLM engines here and measure them")
-    p.add_argument("--conversations", type=int, default=16, help="--local: two-turn conversations to send")
+    p.add_argument(
+        "--router", metavar="URL", required=True, help="a running router's admin port, e.g. http://localhost:9090"
+    )
     p.add_argument("--json", action="store_true", help="print the fit as JSON only")
     return p
 
@@ -65,28 +62,22 @@ def describe(fit: dict[str, Any], bounds: RecomputeCalibrationSpec | None = None
     )
 
 
+def report(fit: dict[str, Any] | None, as_json: bool, prog: str) -> int:
+    """Print a fit (or why there is none yet) the way both calibrate commands do; the exit code."""
+    if fit is None or "compute_seconds_per_token" not in fit:
+        legs = (fit or {}).get("legs") or {"recomputes": 0, "replays": 0}
+        print(f"{prog}: no fit yet from {legs['recomputes']} recomputed and {legs['replays']} read-back "
+              "prefill legs: it needs more of each kind, of varying sizes, and a fit that holds", file=sys.stderr)  # fmt: skip
+        return 1
+    print(json.dumps(fit, indent=2, sort_keys=True) if as_json else describe(fit))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.conversations < 4:
-        print("duplex calibrate: --conversations must be at least 4", file=sys.stderr)
-        return 2
     try:
-        if args.local:
-            try:
-                from duplex_dev.calibrate import run_local
-            except ImportError:
-                print("duplex calibrate --local needs the development install (make setup)", file=sys.stderr)
-                return 2
-            fit = run_local(args.conversations, progress=lambda line: print(line, file=sys.stderr))
-        else:
-            fit = router_fit(args.router.rstrip("/"))
+        fit = router_fit(args.router.rstrip("/"))
     except OSError as err:
         print(f"duplex calibrate: {err}", file=sys.stderr)
         return 1
-    if fit is None or "compute_seconds_per_token" not in fit:
-        legs = (fit or {}).get("legs") or {"recomputes": 0, "replays": 0}
-        print(f"duplex calibrate: no fit yet from {legs['recomputes']} recomputed and {legs['replays']} read-back "
-              "prefill legs: it needs more of each kind, of varying sizes, and a fit that holds", file=sys.stderr)  # fmt: skip
-        return 1
-    print(json.dumps(fit, indent=2, sort_keys=True) if args.json else describe(fit))
-    return 0
+    return report(fit, args.json, "duplex calibrate")

@@ -13,7 +13,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "router": ("duplex_sidecars.router.cli", "run the KV-aware router"),
     "sim": ("duplex_sidecars.sim.cli", "run a simulated vLLM engine (prefill or decode)"),
     "preflight": ("duplex_sidecars.preflight.cli", "check an engine pod's fabric (EFA, hugepages, memlock, NIXL)"),
-    "calibrate": ("duplex.calibrate_cli", "the recompute threshold a router or this machine measures"),
+    "calibrate": ("duplex.calibrate_cli", "the recompute threshold a running router measures"),
 }
 
 

@@ -34,6 +34,9 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if not args.verbose:
+        # kopf serves the liveness endpoint with aiohttp, which logs every probe (two every 5 s in a pod).
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     if args.kubeconfig:
         os.environ["DUPLEX_KUBECONFIG"] = args.kubeconfig
         os.environ["KUBECONFIG"] = args.kubeconfig

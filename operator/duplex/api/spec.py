@@ -15,6 +15,7 @@ from duplex.api.owned_args import owned_arg_rules
 from duplex.api.pairing import paired_rules
 from duplex.api.quantity import quantity
 from duplex.api.rules import Checked, Rule
+from duplex_sidecars.router.config import ENGINE_BLOCKS_TTL_SECONDS, TTL_MARGIN_SECONDS, ttl_below_engines
 
 # Kubernetes-native structures (tolerations, affinity, ...) are passed through as-is; the API server validates them.
 K8sObject = Annotated[dict[str, Any], Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})]
@@ -27,6 +28,7 @@ ExtraArgs = Annotated[list[Annotated[str, Field(max_length=1024)]], Field(max_le
 
 GPU: Final = "nvidia.com/gpu"
 NEURON: Final = "aws.amazon.com/neuron"
+CPU: Final = "cpu"
 
 
 class Model(Checked):
@@ -134,14 +136,37 @@ class ModelSpec(Model):
 
 
 class Accelerator(Model):
-    type: Literal["nvidia.com/gpu", "aws.amazon.com/neuron"] = Field(
-        GPU, description="Device-plugin resource of the accelerator."
+    type: Literal["nvidia.com/gpu", "aws.amazon.com/neuron", "cpu"] = Field(
+        GPU,
+        description="Device-plugin resource of the accelerator, or cpu: vLLM's CPU build on CPU nodes, for small "
+        "models (KV in host memory, moved over UCX).",
     )
     count: int | None = Field(
         None,
         ge=1,
         le=64,
-        description="Devices per pod; defaults to tensorParallelSize (GPU) or TP/2 rounded up (Neuron).",
+        description="Devices per pod; defaults to tensorParallelSize (GPU) or TP/2 rounded up (Neuron). Not with cpu.",
+    )
+    kv_cache_gib: int | None = Field(
+        None,
+        alias="kvCacheGiB",
+        ge=1,
+        le=4096,
+        description="cpu only: GiB of host memory for the KV cache (vLLM's VLLM_CPU_KVCACHE_SPACE; the CPU platform "
+        "ignores gpuMemoryUtilization); default 4. Counts against the role's memory.",
+    )
+
+    RULES = (
+        Rule(
+            cel="self.type == 'cpu' || (!has(self.kvCacheGiB))",
+            message="accelerator.kvCacheGiB is for type cpu (GPU and Neuron size the KV cache by gpuMemoryUtilization)",
+            holds=lambda a: a.type == CPU or a.kv_cache_gib is None,
+        ),
+        Rule(
+            cel="self.type != 'cpu' || !has(self.count)",
+            message="accelerator.count is for devices: a cpu engine takes the role's cpu request",
+            holds=lambda a: a.type != CPU or a.count is None,
+        ),
     )
 
 
@@ -327,14 +352,19 @@ class KVTransferSpec(Model):
         None, description="NIXL backend; derived from network.efa (LIBFABRIC with EFA, else UCX) unless set."
     )
     buffer_device: Literal["cuda", "cpu"] | None = Field(
-        None, description="kv_buffer_device; derived from the accelerator (cuda on GPU, cpu on Neuron) unless set."
+        None,
+        description="kv_buffer_device; derived from the accelerator (cuda on GPU, cpu on Neuron and CPU) unless set.",
     )
     bidirectional: bool = Field(
         True,
         description="bidirectional_kv_xfer on both roles: decode keeps KV after generation; prefill reads it back.",
     )
     decode_blocks_ttl: int = Field(
-        480, ge=60, le=86400, alias="decodeBlocksTTL", description="decoder_kv_blocks_ttl: seconds decode keeps blocks."
+        ENGINE_BLOCKS_TTL_SECONDS,
+        ge=60,
+        le=86400,
+        alias="decodeBlocksTTL",
+        description="decoder_kv_blocks_ttl: seconds decode keeps blocks.",
     )
     recompute_threshold: int | Annotated[str, Field(max_length=8)] = Field(
         64,
@@ -403,7 +433,7 @@ class ConversationSpec(Model):
         ge=1,
         le=86400,
         description="Seconds the router may replay decode's blocks; must be below kvTransfer.decodeBlocksTTL "
-        "(default: decodeBlocksTTL - 30).",
+        f"(default: decodeBlocksTTL - {TTL_MARGIN_SECONDS}).",
     )
 
 
@@ -526,7 +556,7 @@ def _decode_tp_ok(s: DisaggregatedServingSpec) -> bool:
 
 def _router_ttl_ok(s: DisaggregatedServingSpec) -> bool:
     ttl = s.router.conversation.ttl
-    return ttl is None or ttl < s.kv_transfer.decode_blocks_ttl
+    return ttl is None or ttl_below_engines(ttl, s.kv_transfer.decode_blocks_ttl)
 
 
 class DisaggregatedServingSpec(Model):
@@ -552,6 +582,20 @@ class DisaggregatedServingSpec(Model):
             "only engines on the same kind of accelerator (same platform, KV layout and buffer device)",
             holds=lambda s: s.prefill.accelerator.type == s.decode.accelerator.type,
             field_path=".decode",
+        ),
+        Rule(
+            cel="self.prefill.accelerator.type != 'cpu' || !self.network.efa.enabled",
+            message="accelerator.type cpu runs without EFA: vLLM's CPU build moves KV over UCX "
+            "(set network.efa.enabled false)",
+            holds=lambda s: s.prefill.accelerator.type != CPU or not s.network.efa.enabled,
+            field_path=".network",
+        ),
+        Rule(
+            cel="self.prefill.accelerator.type != 'cpu' || self.model.blockSize % 32 == 0",
+            message="accelerator.type cpu needs model.blockSize 32, 64 or 128: vLLM's CPU attention takes only "
+            "multiples of 32",
+            holds=lambda s: s.prefill.accelerator.type != CPU or s.model.block_size % 32 == 0,
+            field_path=".model",
         ),
         Rule(
             cel="!has(self.router.conversation.ttl) || self.router.conversation.ttl < self.kvTransfer.decodeBlocksTTL",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from duplex.api.spec import GPU, NEURON, DisaggregatedServingSpec, RoleSpec
+from duplex.api.spec import CPU, GPU, NEURON, DisaggregatedServingSpec, RoleSpec
 from duplex.children.labels import SERVING_LABEL
 
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
@@ -20,8 +20,14 @@ def accelerator_count(role: RoleSpec) -> int:
     return role.tensor_parallel_size
 
 
+# The KV cache of a cpu engine, in GiB of host memory, when the spec does not say.
+CPU_KV_CACHE_GIB = 4
+
+
 def resources(spec: DisaggregatedServingSpec, role: RoleSpec) -> dict[str, Any]:
-    amounts: dict[str, Any] = {role.accelerator.type: str(accelerator_count(role))}
+    amounts: dict[str, Any] = {}
+    if role.accelerator.type != CPU:  # a cpu engine has no device: its cpu request is what it computes on
+        amounts[role.accelerator.type] = str(accelerator_count(role))
     if role.cpu:
         amounts["cpu"] = role.cpu
     if role.memory:
@@ -32,6 +38,13 @@ def resources(spec: DisaggregatedServingSpec, role: RoleSpec) -> dict[str, Any]:
         amounts["hugepages-2Mi"] = efa.hugepages2_mi
     # Extended resources and hugepages must have requests == limits; so do we, for Guaranteed QoS.
     return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def accelerator_env(role: RoleSpec) -> list[dict[str, Any]]:
+    if role.accelerator.type != CPU:
+        return []
+    # vLLM's CPU platform sizes its KV cache from this, not from --gpu-memory-utilization.
+    return [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(role.accelerator.kv_cache_gib or CPU_KV_CACHE_GIB)}]
 
 
 def env(spec: DisaggregatedServingSpec) -> list[dict[str, Any]]:
@@ -65,8 +78,8 @@ def shm_volume(spec: DisaggregatedServingSpec) -> dict[str, Any]:
 
 
 def tolerations(role: RoleSpec) -> list[dict[str, Any]]:
-    taint_key = {GPU: "nvidia.com/gpu", NEURON: "aws.amazon.com/neuron"}[role.accelerator.type]
-    auto = [{"key": taint_key, "operator": "Exists", "effect": "NoSchedule"}]
+    taint_key = {GPU: "nvidia.com/gpu", NEURON: "aws.amazon.com/neuron"}.get(role.accelerator.type)
+    auto = [{"key": taint_key, "operator": "Exists", "effect": "NoSchedule"}] if taint_key else []
     return auto + [t for t in role.tolerations if t not in auto]
 
 

@@ -11,6 +11,7 @@ from duplex.children import efa, engine_key, preflight
 from duplex.children.kinds import DEPLOYMENT
 from duplex.children.kv_config import kv_transfer_json
 from duplex.children.labels import ENGINE_HASH_ANNOTATION, HTTP_PORT, child_name, labels, selector
+from duplex.children.roles import EngineRole
 
 ROLES = ("prefill", "decode")
 
@@ -19,32 +20,31 @@ def served_model_name(spec: DisaggregatedServingSpec) -> str:
     return spec.model.served_model_name or spec.model.name
 
 
-def vllm_args(spec: DisaggregatedServingSpec, role_name: str) -> list[str]:
+def vllm_args(spec: DisaggregatedServingSpec, role: EngineRole) -> list[str]:
     """Arguments of `vllm serve` for one role (the container's args; command is ["vllm", "serve"])."""
-    role: RoleSpec = getattr(spec, role_name)
     model = spec.model
     args = [
         model.name,
         "--served-model-name", served_model_name(spec),
         "--port", str(HTTP_PORT),
-        "--tensor-parallel-size", str(role.tensor_parallel_size),
+        "--tensor-parallel-size", str(role.spec.tensor_parallel_size),
         "--dtype", model.dtype,
         "--block-size", str(model.block_size),
-        "--gpu-memory-utilization", f"{role.gpu_memory_utilization:g}",
-        "--enable-prefix-caching" if role.enable_prefix_caching else "--no-enable-prefix-caching",
+        "--gpu-memory-utilization", f"{role.spec.gpu_memory_utilization:g}",
+        "--enable-prefix-caching" if role.spec.enable_prefix_caching else "--no-enable-prefix-caching",
     ]  # fmt: skip
     if model.max_model_len is not None:
         args += ["--max-model-len", str(model.max_model_len)]
-    if role.max_num_seqs is not None:
-        args += ["--max-num-seqs", str(role.max_num_seqs)]
-    if role.max_num_batched_tokens is not None:
-        args += ["--max-num-batched-tokens", str(role.max_num_batched_tokens)]
+    if role.spec.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(role.spec.max_num_seqs)]
+    if role.spec.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(role.spec.max_num_batched_tokens)]
     if model.tool_call_parser is not None:
         args += ["--enable-auto-tool-choice", "--tool-call-parser", model.tool_call_parser]
     if model.reasoning_parser is not None:
         args += ["--reasoning-parser", model.reasoning_parser]
-    args += ["--kv-transfer-config", kv_transfer_json(spec, role_name)]
-    return args + list(model.extra_args) + list(role.extra_args)
+    args += ["--kv-transfer-config", kv_transfer_json(spec, role.name)]
+    return args + list(model.extra_args) + list(role.spec.extra_args)
 
 
 def _env(spec: DisaggregatedServingSpec, role: RoleSpec, serving: str) -> list[dict[str, Any]]:
@@ -60,7 +60,7 @@ def _env(spec: DisaggregatedServingSpec, role: RoleSpec, serving: str) -> list[d
         out.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     if spec.model.cache:
         out.append({"name": "HF_HOME", "value": spec.model.cache.mount_path})
-    out += efa.env(spec)
+    out += efa.env(spec) + efa.accelerator_env(role)
     user = [e.model_dump(by_alias=True, exclude_none=True) for e in (*spec.model.env, *role.env)]
     overridden = {e["name"] for e in user}
     return [e for e in out if e["name"] not in overridden] + user
@@ -91,21 +91,20 @@ def _probes() -> dict[str, Any]:
     }
 
 
-def engine_container(spec: DisaggregatedServingSpec, role_name: str, serving: str) -> dict[str, Any]:
-    role: RoleSpec = getattr(spec, role_name)
+def engine_container(spec: DisaggregatedServingSpec, role: EngineRole, serving: str) -> dict[str, Any]:
     _, mounts = _volumes(spec)
     return {
         "name": "vllm",
         "image": spec.model.image,
         "imagePullPolicy": spec.model.image_pull_policy,
         "command": ["vllm", "serve"],
-        "args": vllm_args(spec, role_name),
-        "env": _env(spec, role, serving),
+        "args": vllm_args(spec, role),
+        "env": _env(spec, role.spec, serving),
         "ports": [
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
             {"name": "nixl-side", "containerPort": spec.kv_transfer.side_channel_port, "protocol": "TCP"},
         ],
-        "resources": efa.resources(spec, role),
+        "resources": efa.resources(spec, role.spec),
         "securityContext": efa.security_context(spec),
         "volumeMounts": mounts,
         **_probes(),
@@ -119,43 +118,47 @@ def config_hash(pod_spec: dict[str, Any]) -> str:
 def engine_deployment(
     spec: DisaggregatedServingSpec, serving: str, namespace: str, role_name: str, key_uid: str | None = None
 ) -> dict[str, Any]:
-    role: RoleSpec = getattr(spec, role_name)
+    """The Deployment of the role named `role_name` (prefill or decode)."""
+    role = EngineRole.of(spec, role_name)
     volumes, _ = _volumes(spec)
-    engine = engine_container(spec, role_name, serving)
+    engine = engine_container(spec, role, serving)
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,  # engines never talk to the API server
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 60,
     }
-    checks = preflight.init_containers(spec, role, engine["env"], engine["securityContext"])
+    checks = preflight.init_containers(spec, role.spec, engine["env"], engine["securityContext"])
     if checks:
         pod_spec["initContainers"] = checks
     pod_spec |= {
         "containers": [engine],
         "volumes": volumes + preflight.volumes(spec),
-        "tolerations": efa.tolerations(role),
+        "tolerations": efa.tolerations(role.spec),
     }
-    if role.node_selector:
-        pod_spec["nodeSelector"] = dict(role.node_selector)
-    affinity = efa.affinity(spec, serving, role)
+    if role.spec.node_selector:
+        pod_spec["nodeSelector"] = dict(role.spec.node_selector)
+    affinity = efa.affinity(spec, serving, role.spec)
     if affinity:
         pod_spec["affinity"] = affinity
-    if role.topology_spread_constraints:
-        pod_spec["topologySpreadConstraints"] = list(role.topology_spread_constraints)
-    if role.priority_class_name:
-        pod_spec["priorityClassName"] = role.priority_class_name
-    meta_labels = labels(serving, role_name)
+    if role.spec.topology_spread_constraints:
+        pod_spec["topologySpreadConstraints"] = list(role.spec.topology_spread_constraints)
+    if role.spec.priority_class_name:
+        pod_spec["priorityClassName"] = role.spec.priority_class_name
+    meta_labels = labels(serving, role.name)
     # No version label on pods: upgrading the operator alone must not roll GPU engines.
     pod_labels = {k: v for k, v in meta_labels.items() if k != "app.kubernetes.io/version"}
     return DEPLOYMENT.manifest(
-        {"name": child_name(serving, role_name), "namespace": namespace, "labels": meta_labels},
+        {"name": child_name(serving, role.name), "namespace": namespace, "labels": meta_labels},
         spec={
-            "replicas": role.replicas,
-            "selector": {"matchLabels": selector(serving, role_name)},
-            "progressDeadlineSeconds": role.rollout.progress_deadline_seconds,
+            "replicas": role.spec.replicas,
+            "selector": {"matchLabels": selector(serving, role.name)},
+            "progressDeadlineSeconds": role.spec.rollout.progress_deadline_seconds,
             "strategy": {
                 "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": role.rollout.max_surge, "maxUnavailable": role.rollout.max_unavailable},
+                "rollingUpdate": {
+                    "maxSurge": role.spec.rollout.max_surge,
+                    "maxUnavailable": role.spec.rollout.max_unavailable,
+                },
             },
             "template": {
                 "metadata": {

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from duplex.api.spec import AUTO, NEURON, DisaggregatedServingSpec
+from duplex.api.spec import AUTO, GPU, DisaggregatedServingSpec
 from duplex.api.status import EffectiveKV, RecomputeCalibration
-
-ROUTER_TTL_MARGIN = 30  # seconds the router's replay window stays below decode's block TTL by default
+from duplex.children.roles import EngineRole
+from duplex_sidecars.router.config import TTL_MARGIN_SECONDS as ROUTER_TTL_MARGIN  # noqa: F401 (the tests' name)
+from duplex_sidecars.router.config import default_conversation_ttl
 
 
 def backend(spec: DisaggregatedServingSpec) -> Literal["UCX", "LIBFABRIC"]:
@@ -20,8 +21,8 @@ def backend(spec: DisaggregatedServingSpec) -> Literal["UCX", "LIBFABRIC"]:
 def buffer_device(spec: DisaggregatedServingSpec, role: str) -> str:
     if spec.kv_transfer.buffer_device:
         return spec.kv_transfer.buffer_device
-    accelerator = getattr(spec, role).accelerator.type
-    return "cpu" if accelerator == NEURON else "cuda"
+    accelerator = EngineRole.of(spec, role).spec.accelerator.type
+    return "cuda" if accelerator == GPU else "cpu"  # Neuron stages KV in host memory; a cpu engine keeps it there
 
 
 def is_auto(spec: DisaggregatedServingSpec) -> bool:
@@ -47,7 +48,7 @@ def router_threshold(spec: DisaggregatedServingSpec, auto: int | None = None) ->
 
 def router_ttl(spec: DisaggregatedServingSpec) -> int:
     explicit = spec.router.conversation.ttl
-    return explicit if explicit is not None else spec.kv_transfer.decode_blocks_ttl - ROUTER_TTL_MARGIN
+    return explicit if explicit is not None else default_conversation_ttl(spec.kv_transfer.decode_blocks_ttl)
 
 
 def kv_transfer_config(spec: DisaggregatedServingSpec, role: str) -> dict[str, Any]:

@@ -145,9 +145,10 @@ FULL_ALT: dict[str, Any] = merge(
     FULL,
     {
         "model": {"cache": {"pvc": None, "hostPath": {"path": "/mnt/raid0"}}},
-        # prefill and decode always on one accelerator kind: FULL has both on Neuron
-        "prefill": {"accelerator": {"type": "nvidia.com/gpu"}},
-        "decode": {"accelerator": {"type": "nvidia.com/gpu"}},
+        # prefill and decode always on one accelerator kind: FULL has both on Neuron; cpu runs without EFA
+        "prefill": {"accelerator": {"type": "cpu", "count": None, "kvCacheGiB": 2}},
+        "decode": {"accelerator": {"type": "cpu", "count": None, "kvCacheGiB": 3}},
+        "network": {"efa": {"enabled": False}},
         "kvTransfer": {"backend": "LIBFABRIC", "bufferDevice": "cuda"},
         "router": {"store": {"redis": {"url": None, "urlSecret": {"name": "redis", "key": "url"}}}},
     },
@@ -184,7 +185,7 @@ DEFAULTS: dict[str, Any] = {
         role: {
             "replicas": 1,
             "tensorParallelSize": 1,
-            "accelerator": {"type": "nvidia.com/gpu", "count": None},
+            "accelerator": {"type": "nvidia.com/gpu", "count": None, "kvCacheGiB": None},
             "cpu": None,
             "memory": None,
             "gpuMemoryUtilization": 0.9,

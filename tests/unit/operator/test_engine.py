@@ -10,10 +10,12 @@ import pytest
 import yaml
 from dsv_helpers import arg_value, container, env_map, merge, spec
 
+from duplex.api.spec import DisaggregatedServingSpec
 from duplex.children import labels as labels_module
 from duplex.children.engine import config_hash, engine_config_hash, engine_deployment, served_model_name, vllm_args
 from duplex.children.kv_config import kv_transfer_json
 from duplex.children.labels import ENGINE_HASH_ANNOTATION, ROLE_LABEL, SERVING_LABEL
+from duplex.children.roles import EngineRole
 
 ROLES = ("prefill", "decode")
 
@@ -28,6 +30,11 @@ def pod_spec(patch: dict[str, Any] | None = None, role: str = "prefill") -> dict
     return deployment(patch, role)["spec"]["template"]["spec"]
 
 
+def args_of(s: DisaggregatedServingSpec, role: str) -> list[str]:
+    """`vllm serve`'s arguments for the named role."""
+    return vllm_args(s, EngineRole.of(s, role))
+
+
 def engine_hash(patch: dict[str, Any] | None = None, role: str = "prefill") -> str:
     return deployment(patch, role)["spec"]["template"]["metadata"]["annotations"][ENGINE_HASH_ANNOTATION]
 
@@ -37,7 +44,7 @@ def engine_hash(patch: dict[str, Any] | None = None, role: str = "prefill") -> s
 
 def test_minimal_args_in_order() -> None:
     s = spec()
-    assert vllm_args(s, "prefill") == [
+    assert args_of(s, "prefill") == [
         "org/model",
         "--served-model-name", "org/model",
         "--port", "8000",
@@ -49,7 +56,7 @@ def test_minimal_args_in_order() -> None:
         "--kv-transfer-config", kv_transfer_json(s, "prefill"),
     ]  # fmt: skip
     ctr = container(deployment())
-    assert ctr["command"] == ["vllm", "serve"] and ctr["args"] == vllm_args(s, "prefill")
+    assert ctr["command"] == ["vllm", "serve"] and ctr["args"] == args_of(s, "prefill")
 
 
 def test_typed_fields_become_their_flags() -> None:
@@ -66,7 +73,7 @@ def test_typed_fields_become_their_flags() -> None:
             "decode": {"tensorParallelSize": 8, "maxNumSeqs": 256},
         }
     )
-    p, d = vllm_args(s, "prefill"), vllm_args(s, "decode")
+    p, d = args_of(s, "prefill"), args_of(s, "decode")
     assert p[0] == d[0] == "org/model"
     assert arg_value(p, "--served-model-name") == "qwen"
     assert arg_value(p, "--dtype") == "bfloat16" and arg_value(p, "--block-size") == "32"
@@ -80,7 +87,7 @@ def test_typed_fields_become_their_flags() -> None:
 
 
 def test_unset_optional_flags_are_left_to_vllm() -> None:
-    args = vllm_args(spec(), "decode")
+    args = args_of(spec(), "decode")
     for flag in ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens"):
         assert flag not in args
 
@@ -88,7 +95,7 @@ def test_unset_optional_flags_are_left_to_vllm() -> None:
 @pytest.mark.parametrize("value,text", [(0.9, "0.9"), (1, "1"), (0.95, "0.95"), (0.123456, "0.123456")])
 def test_gpu_memory_utilization_rendering(value: float, text: str) -> None:
     assert (
-        arg_value(vllm_args(spec({"prefill": {"gpuMemoryUtilization": value}}), "prefill"), "--gpu-memory-utilization")
+        arg_value(args_of(spec({"prefill": {"gpuMemoryUtilization": value}}), "prefill"), "--gpu-memory-utilization")
         == text
     )
 
@@ -97,11 +104,11 @@ def test_kv_transfer_config_is_one_json_argument_per_role() -> None:
     neuron = {"accelerator": {"type": "aws.amazon.com/neuron"}}
     s = spec({"prefill": neuron, "decode": neuron})
     for role in ROLES:
-        config = json.loads(arg_value(vllm_args(s, role), "--kv-transfer-config"))
+        config = json.loads(arg_value(args_of(s, role), "--kv-transfer-config"))
         assert config["kv_connector"] == "NixlConnector"
         assert config["kv_role"] == {"prefill": "kv_producer", "decode": "kv_consumer"}[role]
-    assert json.loads(arg_value(vllm_args(s, "prefill"), "--kv-transfer-config"))["kv_buffer_device"] == "cpu"
-    assert json.loads(arg_value(vllm_args(s, "decode"), "--kv-transfer-config"))["kv_buffer_device"] == "cpu"
+    assert json.loads(arg_value(args_of(s, "prefill"), "--kv-transfer-config"))["kv_buffer_device"] == "cpu"
+    assert json.loads(arg_value(args_of(s, "decode"), "--kv-transfer-config"))["kv_buffer_device"] == "cpu"
 
 
 def test_extra_args_follow_the_typed_flags_model_first() -> None:
@@ -112,7 +119,7 @@ def test_extra_args_follow_the_typed_flags_model_first() -> None:
             "decode": {"extraArgs": ["--swap-space=8"]},
         }
     )
-    p, d = vllm_args(s, "prefill"), vllm_args(s, "decode")
+    p, d = args_of(s, "prefill"), args_of(s, "decode")
     assert p[-4:] == ["--enforce-eager", "--seed=1", "--max-num-partial-prefills", "2"]
     assert d[-3:] == ["--enforce-eager", "--seed=1", "--swap-space=8"]
     assert "--swap-space=8" not in p and "--max-num-partial-prefills" not in d

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from duplex.api.owned_args import OWNED_FLAGS, owned_arg_rules, uses_flag
 from duplex.api.spec import DecodeSpec, ModelSpec, PrefillSpec
 from duplex.children.engine import vllm_args
+from duplex.children.roles import EngineRole
 from duplex.render import InvalidSpec, parse_spec
 
 ALL_FLAGS = [f for flags, _ in OWNED_FLAGS for f in flags]
@@ -43,15 +44,13 @@ NOT_CONFIGURABLE = {"--port": "port 8000", "--host": "every pod address"}
 def test_the_owned_flags_are_the_ones_duplex_renders() -> None:
     assert set(ALL_FLAGS) == set(EXPECTED_FIELD) | set(NOT_CONFIGURABLE)
     # Every flag duplex itself puts on the command line is owned (the model is positional).
-    rendered = vllm_args(
-        spec(
-            {
-                "model": {"maxModelLen": 1024, "toolCallParser": "hermes", "reasoningParser": "qwen3"},
-                "prefill": {"maxNumSeqs": 2, "maxNumBatchedTokens": 4},
-            }
-        ),
-        "prefill",
+    s = spec(
+        {
+            "model": {"maxModelLen": 1024, "toolCallParser": "hermes", "reasoningParser": "qwen3"},
+            "prefill": {"maxNumSeqs": 2, "maxNumBatchedTokens": 4},
+        }
     )
+    rendered = vllm_args(s, EngineRole.of(s, "prefill"))
     assert {a for a in rendered if a.startswith("-")} <= set(ALL_FLAGS)
 
 
@@ -199,7 +198,7 @@ def test_random_extra_args_without_owned_flags_are_accepted_and_appended(
         )
     )
     for role, role_args in (("prefill", prefill_args), ("decode", decode_args)):
-        args = vllm_args(parsed, role)
+        args = vllm_args(parsed, EngineRole.of(parsed, role))
         tail = model_args + role_args
         assert args[len(args) - len(tail) :] == tail
         # duplex's own flags come first and exactly once, so the typed fields are what vLLM sees
