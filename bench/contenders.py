@@ -11,8 +11,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 import aiohttp
@@ -20,7 +18,7 @@ from loadgen import JSON_HEADERS, Conversation, Outcome, read_reply
 from prometheus_client.parser import text_string_to_metric_families
 
 from duplex_dev.launch.router import RouterProcess
-from duplex_dev.processes import free_port
+from duplex_dev.processes import LaunchError, Startup, answers, free_port
 from duplex_sidecars import protocol
 
 VLLM_ROUTER_VERSION = "0.1.17"
@@ -158,18 +156,13 @@ class VllmRouter(_HttpRouter):
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         assert self.process is not None
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"vllm-router did not become healthy; log {self.log_path}:\n{self.log_tail()}")
-            time.sleep(0.1)
+        url = self.url + "/health"
+        startup = Startup(f"vllm-router on {url}", lambda: answers(url), self.process.poll, self.log_path, timeout)
+        try:
+            startup.wait(interval=0.1)
+        except LaunchError:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -80,24 +80,7 @@ def start_router(prefills: list[VllmEngine], decode: VllmEngine, policy: str, bl
     router = RouterProcess(
         prefill=[p.url for p in prefills], decode=[decode.url], config=router_config(policy, block_ttl)
     )
-    router.start().wait_ready(60)
-    deadline = time.monotonic() + 60
-    while _status(router.url + "/ready") != 200:
-        if time.monotonic() > deadline:
-            router.stop()
-            raise TurnError(f"router not ready:\n{router.log_tail()}")
-        time.sleep(0.2)
-    return router
-
-
-def _status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as err:
-        return int(err.code)
-    except (urllib.error.URLError, OSError):
-        return 0
+    return router.start().wait_ready(60).wait_ready(60, path="/ready")  # up, then its engines healthy
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,35 @@
 #!/usr/bin/env bash
-# Builds the local control plane's binaries from the Go module proxy into a version-keyed cache.
+# Builds the local cluster's binaries from the Go module proxy into version-keyed caches: the control plane, the real
+# node (kubelet, kube-proxy, containerd, its pause image) and the checkers of the chart (promtool, glua).
 # Idempotent: a component whose binary is already cached is skipped. Never writes into the repo.
+# DUPLEX_TOOLS=run builds what `make run` needs (no checkers); DUPLEX_TOOLS=checks only the checkers; default: all.
 set -euo pipefail
 
-source "$(dirname "${BASH_SOURCE[0]}")/versions.sh"
+HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$HACK/versions.sh"
 CACHE=${DUPLEX_CACHE:-$HOME/.cache/duplex}
 BIN=${DUPLEX_BIN:-$CACHE/bin-k8s$K8S_VERSION-etcd$ETCD_VERSION-kwok$KWOK_VERSION-helm$HELM_VERSION}
-# --print-dir: print the bin dir for the pinned versions and exit, building nothing (duplex_dev.cluster.tools uses it).
+CONTAINERD_DIR=$CACHE/containerd-$CONTAINERD_VERSION
+PAUSE_DIR=$CACHE/pause-$(cat "$HACK/pause/go.mod" "$HACK/pause/main.go" | sha256sum | cut -c1-12)
+COREDNS_DIR=$CACHE/coredns-$COREDNS_VERSION-$(sha256sum < "$HACK/coredns/main.go" | cut -c1-12)
+# --print-dir: print the bin dir for the pinned versions and exit, building nothing (duplex_dev.cluster.tools uses it);
+# --print-node: the containerd dir, the pause image archive and the node's CoreDNS, one a line.
 if [ "${1:-}" = "--print-dir" ]; then echo "$BIN"; exit 0; fi
+if [ "${1:-}" = "--print-node" ]; then
+  printf '%s\n%s\n%s\n' "$CONTAINERD_DIR" "$PAUSE_DIR/pause.tar" "$COREDNS_DIR/coredns"; exit 0
+fi
+TOOLS=${DUPLEX_TOOLS:-${DUPLEX_TOOLS_ONLY:-all}}
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
 mkdir -p "$BIN"
 start=$(date +%s)
 say() { printf '[build-tools +%4ss] %s\n' "$(( $(date +%s) - start ))" "$*" >&2; }
 
+K8S_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
+
 build_k8s() {
-  if [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/kube-controller-manager" ] \
-     && [ -x "$BIN/kube-scheduler" ] && [ -x "$BIN/kubectl" ]; then
-    say "kubernetes v$K8S_VERSION: cached"; return
-  fi
+  local cmd missing=()
+  for cmd in "${K8S_COMMANDS[@]}"; do [ -x "$BIN/$cmd" ] || missing+=("k8s.io/kubernetes/cmd/$cmd"); done
+  if [ ${#missing[@]} -eq 0 ]; then say "kubernetes v$K8S_VERSION: cached"; return; fi
   say "kubernetes v$K8S_VERSION: resolving modules (cold: several minutes)"
   local w minor stg gomod goline godebug ld p
   w=$(mktemp -d); minor=$(echo "$K8S_VERSION" | cut -d. -f2); stg="v0.${K8S_VERSION#*.}"
@@ -36,10 +48,8 @@ build_k8s() {
     for p in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
       ld="$ld -X $p.gitVersion=v$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z -X $p.gitCommit=0000000000000000000000000000000000000000"
     done
-    say "kubernetes v$K8S_VERSION: compiling apiserver, controller-manager, scheduler, kubectl (cold: 15-30 min on 2 cores)"
-    go build -trimpath -ldflags "$ld" -o "$BIN/" \
-      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+    say "kubernetes v$K8S_VERSION: compiling ${missing[*]##*/} (cold, all six: about 15 min on 2 cores)"
+    go build -trimpath -ldflags "$ld" -o "$BIN/" "${missing[@]}"
   )
   rm -rf "$w"
   "$BIN/kube-apiserver" --version >&2
@@ -80,7 +90,7 @@ build_helm() {
 }
 
 # Checkers of the chart's PrometheusRule and Argo CD health check; each in its own version-keyed directory beside BIN
-# (DUPLEX_TOOLS_ONLY=checks builds just these two).
+# (DUPLEX_TOOLS=checks builds just these two).
 build_promtool() {
   local dir="$CACHE/promtool-$PROMTOOL_VERSION"
   if [ -x "$dir/promtool" ]; then say "promtool v$PROMTOOL_VERSION: cached"; return; fi
@@ -88,6 +98,57 @@ build_promtool() {
   mkdir -p "$dir"
   GOBIN="$dir" go install -trimpath -ldflags "-s -w" "github.com/prometheus/prometheus/cmd/promtool@v$PROMTOOL_VERSION"
 }
+
+# The real node's runtime: containerd 2.x with its runc shim and ctr (runc itself and the CNI plugins are Debian's).
+build_containerd() {
+  if [ -x "$CONTAINERD_DIR/containerd" ] && [ -x "$CONTAINERD_DIR/containerd-shim-runc-v2" ] \
+     && [ -x "$CONTAINERD_DIR/ctr" ]; then
+    say "containerd v$CONTAINERD_VERSION: cached"; return
+  fi
+  say "containerd v$CONTAINERD_VERSION: building (cold: about 4 min on 2 cores)"
+  local m=github.com/containerd/containerd/v2
+  mkdir -p "$CONTAINERD_DIR"
+  GOBIN="$CONTAINERD_DIR" go install -trimpath -tags urfave_cli_no_docs \
+    -ldflags "-s -w -X $m/version.Version=v$CONTAINERD_VERSION" \
+    "$m/cmd/containerd@v$CONTAINERD_VERSION" "$m/cmd/containerd-shim-runc-v2@v$CONTAINERD_VERSION" \
+    "$m/cmd/ctr@v$CONTAINERD_VERSION"
+}
+
+# The pod sandbox image (no registry serves registry.k8s.io/pause here): hack/pause built static, in an image of its
+# own made with buildah, kept as an OCI archive that the node's containerd imports.
+build_pause() {
+  if [ -s "$PAUSE_DIR/pause.tar" ]; then say "pause image: cached"; return; fi
+  command -v buildah >/dev/null || { say "pause image: buildah is missing (hack/setup.sh installs it)"; exit 1; }
+  say "pause image: building"
+  local c image=localhost/duplex/pause:1
+  mkdir -p "$PAUSE_DIR"
+  (cd "$HACK/pause" && go build -trimpath -ldflags "-s -w" -o "$PAUSE_DIR/pause" .)
+  c=$(BUILDAH_ISOLATION=chroot buildah from scratch)
+  buildah copy "$c" "$PAUSE_DIR/pause" /pause >/dev/null
+  buildah config --entrypoint '["/pause"]' --user 65535:65535 "$c"
+  buildah commit --quiet --rm "$c" "$image" >/dev/null
+  buildah push --quiet "$image" "oci-archive:$PAUSE_DIR/pause.tar.tmp:$image"
+  mv "$PAUSE_DIR/pause.tar.tmp" "$PAUSE_DIR/pause.tar"
+}
+
+# The node's DNS: hack/coredns/main.go (a handful of CoreDNS's plugins) in a throwaway module.
+build_coredns() {
+  if [ -x "$COREDNS_DIR/coredns" ]; then say "coredns v$COREDNS_VERSION: cached"; return; fi
+  say "coredns v$COREDNS_VERSION (bind, health, errors, cache and kubernetes plugins): building (cold: about 3 min)"
+  local w; w=$(mktemp -d)
+  (
+    cd "$w"
+    cp "$HACK/coredns/main.go" .
+    printf 'module local/duplexdns\n\ngo 1.25\n' > go.mod
+    go get "github.com/coredns/coredns@v$COREDNS_VERSION"
+    go mod tidy
+    mkdir -p "$COREDNS_DIR"
+    go build -trimpath -ldflags "-s -w" -o "$COREDNS_DIR/coredns" .
+  )
+  rm -rf "$w"
+}
+
+build_node_runtime() { build_containerd; build_pause; }
 
 build_glua() {
   local dir="$CACHE/glua-$GOPHER_LUA_VERSION"
@@ -97,12 +158,24 @@ build_glua() {
   GOBIN="$dir" go install -trimpath -ldflags "-s -w" "github.com/yuin/gopher-lua/cmd/glua@v$GOPHER_LUA_VERSION"
 }
 
-build_glua
-build_promtool
-if [ "${DUPLEX_TOOLS_ONLY:-}" = checks ]; then say "checkers ready"; exit 0; fi
-build_etcd
-build_kwok
-build_helm
-build_k8s
+# The builds are independent and run at once: Go compiles on every core, but its module downloads and links do not,
+# so one build's download or link overlaps another's compile. Each job says when it starts and what it builds.
+jobs=()
+start_job() { ( "$@" ) & jobs+=("$!:$1"); }
+case $TOOLS in
+  all) start_job build_glua; start_job build_promtool ;;
+  checks) build_glua; build_promtool; say "checkers ready"; exit 0 ;;
+  run) ;;
+  *) say "DUPLEX_TOOLS=$TOOLS: expected all, run or checks"; exit 2 ;;
+esac
+start_job build_k8s
+start_job build_etcd
+start_job build_kwok
+start_job build_helm
+start_job build_node_runtime
+start_job build_coredns
+failed=()
+for job in "${jobs[@]}"; do wait "${job%%:*}" || failed+=("${job#*:}"); done
+if [ ${#failed[@]} -gt 0 ]; then say "FAILED: ${failed[*]} (their output is above)"; exit 1; fi
 say "all tools ready in $BIN"
 echo "$BIN"

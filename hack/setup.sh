@@ -1,42 +1,60 @@
 #!/usr/bin/env bash
-# One-shot set-up for a fresh machine: Debian packages, the project virtualenv (.venv), the nixl DRAM transport,
-# the Go-built control plane (cached in ~/.cache/duplex), vLLM's own parser in its own cached virtualenv, and vLLM's
-# CPU build with the project's test model for real engines.
-# Idempotent; each step says what it does and how long it took.
+# Set-up for a fresh machine, by what a command needs (each level includes the ones before it):
+#   venv  the project virtualenv (.venv) with the nixl DRAM transport: lint, types and unit tests (`make test-fast`)
+#   run   + Debian packages (runc, buildah, mmdebstrap, redis-server, ...) and the Go-built local cluster with its real
+#         node (control plane, kwok, helm, kubelet, kube-proxy, containerd, the pause image): `make run`
+#   test  + the chart's checkers (promtool, glua), vLLM's own parser, vLLM's CPU build and the project's test model:
+#         every tier (`make test`, the default)
+# Idempotent; each step says what it does and how long it took, and its estimate when it is cold.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
+LEVEL=${1:-test}
+case $LEVEL in venv|run|test) ;; *) echo "usage: hack/setup.sh [venv|run|test]" >&2; exit 2 ;; esac
 CACHE=${DUPLEX_CACHE:-$HOME/.cache/duplex}
 source hack/versions.sh
 PY=${PYTHON:-python3}
 mkdir -p "$CACHE"
 t0=$(date +%s)
-step() { printf '\n==> [setup +%ss] %s\n' "$(( $(date +%s) - t0 ))" "$*"; }
+step() { printf '\n==> [setup %s +%ss] %s\n' "$LEVEL" "$(( $(date +%s) - t0 ))" "$*"; }
 
-step "Debian packages (redis-server, openssl; buildah and mmdebstrap build the image)"
-missing=()
-for tool in redis-server openssl buildah mmdebstrap; do
-  command -v "$tool" >/dev/null || missing+=("$tool")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}";
-  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; fi
-fi
-
-step "project virtualenv .venv"
+step "project virtualenv .venv (cold: about 1 min)"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q -e ".[test]" -e hack/
 step "nixl-cu12 $NIXL_VERSION (--no-deps: the DRAM/UCX path needs numpy only, not torch)"
 .venv/bin/pip install -q --no-deps "nixl-cu12==$NIXL_VERSION"
 .venv/bin/python -c "from nixl_cu12._api import nixl_agent; print('nixl importable:', nixl_agent.__module__)"
+[ "$LEVEL" = venv ] && { step "done"; exit 0; }
 
-step "control plane binaries (etcd, kube-apiserver, controller-manager, scheduler, kubectl, kwok, helm)"
-bash hack/build-tools.sh > "$CACHE/tools-dir.txt"
+# command -> Debian package: the image (buildah, mmdebstrap), the real node (runc, the CNI plugins, iptables,
+# conntrack, nsenter from util-linux), the Redis store, the local PKI (openssl).
+step "Debian packages (redis-server, openssl, buildah, mmdebstrap, runc, CNI plugins, iptables, conntrack)"
+declare -A packages=(
+  [redis-server]=redis-server [openssl]=openssl [buildah]=buildah [mmdebstrap]=mmdebstrap [runc]=runc
+  [/usr/lib/cni/bridge]=containernetworking-plugins [iptables]=iptables [conntrack]=conntrack [nsenter]=util-linux
+)
+missing=()
+for tool in "${!packages[@]}"; do
+  if [[ $tool == /* ]]; then [ -e "$tool" ] || missing+=("${packages[$tool]}");
+  else command -v "$tool" >/dev/null || missing+=("${packages[$tool]}"); fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=; [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+
+if [ "$LEVEL" = run ]; then
+  step "local cluster binaries: control plane, kwok, helm, the real node (cold: about 20 min on 2 cores)"
+  DUPLEX_TOOLS=run bash hack/build-tools.sh > "$CACHE/tools-dir.txt"
+else
+  step "local cluster binaries and the chart's checkers (cold: about 28 min on 2 cores)"
+  bash hack/build-tools.sh > "$CACHE/tools-dir.txt"
+fi
 echo "tools in $(cat "$CACHE/tools-dir.txt")"
+[ "$LEVEL" = run ] && { step "done"; exit 0; }
 
 if [ "${DUPLEX_SKIP_VLLM:-}" != 1 ]; then
-  step "vLLM $VLLM_VERSION in its own cached virtualenv ($CACHE/vllm-$VLLM_VERSION; cold: ~3 min, ~9 GB)"
+  step "vLLM $VLLM_VERSION in its own cached virtualenv ($CACHE/vllm-$VLLM_VERSION; cold: ~3-5 min, ~9 GB)"
   bash hack/setup-vllm.sh
 fi
 

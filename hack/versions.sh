@@ -7,6 +7,12 @@
 : "${KWOK_VERSION:=0.8.0}"
 : "${HELM_VERSION:=3.21.4}"
 
+# The local cluster's real node (hack/build-tools.sh): containerd 2.x for the kubelet's CRI (Debian's 1.6 is too old
+# for Kubernetes 1.36; 2.2 keeps cgroup v1, which these machines run). runc and the CNI plugins come from Debian.
+: "${CONTAINERD_VERSION:=2.2.9}"
+# The node's DNS (hack/coredns: CoreDNS with the kubernetes plugin and no forwarding).
+: "${COREDNS_VERSION:=1.14.7}"
+
 # Observability and GitOps checks (hack/build-tools.sh): promtool checks and unit-tests the chart's PrometheusRule;
 # glua is gopher-lua, the Lua interpreter Argo CD embeds (Argo CD v3.6.1's go.mod requires gopher-lua v1.1.2), and
 # runs the chart's Argo CD health check.

@@ -1,23 +1,27 @@
-"""`duplex calibrate --local`: this machine's recompute threshold, measured with real CPU vLLM engines.
+"""`duplex-dev calibrate`: this machine's recompute threshold, measured with real CPU vLLM engines.
 
 A prefill and a decode engine (hack/setup-vllm-cpu.sh, the project's model) and the real router start; two-turn
 conversations of growing size go through the router (turn 1 computes its prompt, turn 2 reads it back from decode),
 and the router's own fit of those prefill legs (router/calibration.py) is the answer: what a computed and a read
 token cost here, the fixed cost of a read, and the break-even, as kvTransfer.recomputeThreshold: Auto would find it.
+A running router's fit is `duplex calibrate --router URL`, which ships in the image; this needs the development install.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 import time
 import urllib.request
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from duplex.calibrate_cli import router_fit
+from duplex.calibrate_cli import report, router_fit
 from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.vllm import calm_spinners, vllm_pair
+from duplex_dev.processes import LaunchError
 
 WORD = "report "
 
@@ -91,11 +95,11 @@ def run_local(conversations: int = 16, progress: Callable[[str], None] = print) 
         model = prefill.served_model_name
         progress("warming up: the first NIXL handshakes, both ways, through a router of their own...")
         with _router(prefill.url, decode.url, {}) as warm:
-            _wait_ready(warm.url)
+            warm.wait_ready(120, path="/ready")
             measure(warm.url, model, 1, progress=lambda _: None, before_turn=calm)
         cfg = {"reuse": {"calibration_min_samples": max(4, conversations // 2)}}
         with _router(prefill.url, decode.url, cfg) as router:
-            _wait_ready(router.url)
+            router.wait_ready(120, path="/ready")
             return measure(router.url, model, conversations, progress=progress, before_turn=calm)
 
 
@@ -105,15 +109,21 @@ def _router(prefill: str, decode: str, config: dict[str, Any]) -> RouterProcess:
     return RouterProcess(prefill=[prefill], decode=[decode], config=full, startup_timeout=120)
 
 
-def _wait_ready(url: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/ready", timeout=10) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"router {url} not ready after {timeout:.0f} s")
-        time.sleep(1.0)
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="duplex-dev calibrate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--conversations", type=int, default=16, help="two-turn conversations to send")
+    p.add_argument("--json", action="store_true", help="print the fit as JSON only")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.conversations < 4:
+        print("duplex-dev calibrate: --conversations must be at least 4", file=sys.stderr)
+        return 2
+    try:
+        fit = run_local(args.conversations, progress=lambda line: print(line, file=sys.stderr))
+    except (OSError, LaunchError) as err:  # an engine or router that did not start, or stopped answering
+        print(f"duplex-dev calibrate: {err}", file=sys.stderr)
+        return 1
+    return report(fit, args.json, "duplex-dev calibrate")

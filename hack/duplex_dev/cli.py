@@ -8,6 +8,7 @@ import sys
 # subcommand -> (module with `main(argv) -> int`, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("duplex_dev.cluster.cli", "run a local control plane with fake EFA GPU nodes"),
+    "calibrate": ("duplex_dev.calibrate", "this machine's recompute threshold, measured with real CPU vLLM engines"),
     "demo": ("duplex_dev.demo", "end-to-end demo: local cluster, operator, seed example, live multi-turn chat"),
 }
 

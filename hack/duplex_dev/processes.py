@@ -1,17 +1,19 @@
 """Processes started by dev tooling (the local control plane, launchers of routers, engines and Redis for tests,
-benchmarks and the demo): spawn detached with a log file, tell whether a recorded pid is still that process, stop a
-whole process group or one child, read log tails, scrape /metrics. Processes are only ever signalled by recorded id."""
+benchmarks and the demo): spawn detached with a log file, tell whether a recorded pid is still that process, wait
+until a started one is ready, stop a whole process group or one child, read log tails, scrape /metrics, pick free
+ports. Processes are only ever signalled by recorded id."""
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 
@@ -104,6 +106,48 @@ def spawn(
     if ticks is None:  # exited already; keep a record the caller can report on
         ticks = -1
     return ProcessRecord(pid=proc.pid, start_ticks=ticks, argv=list(argv), log=str(log_path))
+
+
+def answers(url: str, timeout: float = 1.0) -> bool:
+    """True when GET `url` (a /health or /ready) answers 200; False while it is not up, fails or answers otherwise."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except OSError:  # refused, reset, timed out, or an HTTPError such as /ready's 503
+        return False
+
+
+@dataclass(frozen=True)
+class Startup:
+    """A started process on its way to ready: what to poll, how to tell that it exited instead, and by when. The one
+    readiness wait of the launchers (routers, engines, Redis, the benchmarks' contenders)."""
+
+    what: str  # names the process and what is polled, for the messages: "duplex router on http://...:PORT/health"
+    ready: Callable[[], bool]
+    exit_code: Callable[[], int | None]  # None while the process runs
+    log_path: str | Path
+    timeout: float
+    error: type[Exception] = LaunchError
+    started: float = field(default_factory=time.monotonic)
+
+    def check(self) -> bool:
+        """True once ready; raises `error` with the log's tail once the process has exited or the timeout has
+        passed; False to look again."""
+        code = self.exit_code()
+        if code is not None:
+            raise self.error(f"{self.what}: exited with code {code} before becoming ready; {self._log()}")
+        if self.ready():
+            return True
+        if time.monotonic() > self.started + self.timeout:
+            raise self.error(f"{self.what}: not ready after {self.timeout:g} s; {self._log()}")
+        return False
+
+    def wait(self, interval: float = 0.05) -> None:
+        while not self.check():
+            time.sleep(interval)
+
+    def _log(self) -> str:
+        return f"log {self.log_path}:\n{log_tail(self.log_path)}"
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -201,13 +245,30 @@ def metric_sum(samples: list[Sample], name: str, **labels: str) -> float:
     return sum(v for n, lbls, v in samples if n == name and all(lbls.get(k) == want for k, want in labels.items()))
 
 
+def _below_ephemeral() -> range:
+    """Ports below the kernel's ephemeral range: no outgoing connection is ever given one as its source port."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(max(1024, low - 12000), low)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A currently free TCP port, never the same one twice in this process."""
-    for _ in range(100):
+    """A currently free TCP port, never the same one twice in this process. It is taken from below the ephemeral
+    range: a port the kernel hands out (bind to 0) can be taken as the source port of any outgoing connection
+    between now and when the process it is meant for binds it (seen in CI: a vLLM engine's NIXL side channel, bound
+    again after a restart, found its port taken by a connection to the dead engine)."""
+    candidates = _below_ephemeral()
+    for _ in range(200):
+        port = random.choice(candidates)
+        if port in _handed_out:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
-    raise RuntimeError("could not find a free port")
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"could not find a free port in {candidates.start}-{candidates.stop - 1}")

@@ -75,6 +75,16 @@ def ready(kubectl: Any, namespace: str, timeout: str = "180s") -> None:
     kubectl("-n", namespace, "wait", "--for=condition=Ready", "dsv/qwen3-32b", f"--timeout={timeout}", timeout=240)
 
 
+def explains_probe_field(kubectl: Any) -> bool:
+    """Whether `kubectl explain` (the API server's published OpenAPI) knows spec.upgradeProbe."""
+    try:
+        explained = kubectl("explain", f"disaggregatedservings.spec.{PROBE_FIELD}")
+    except AssertionError as err:  # the conftest's KubectlError: 'field "upgradeProbe" does not exist'
+        assert "does not exist" in str(err), err
+        return False
+    return "A field only the upgrade test's chart has." in explained
+
+
 def accepts_probe_field(kubectl: Any, namespace: str) -> bool:
     """Whether the API server's schema has spec.upgradeProbe: a server-side apply (dry run) names undeclared fields."""
     doc = seed(namespace, **{PROBE_FIELD: "v2"})
@@ -183,8 +193,9 @@ def test_install_upgrade_rollback_uninstall(cluster, kubectl, helm, release_name
         wait_for(
             lambda: accepts_probe_field(kubectl, namespace), timeout=30, what="the API server serving the new field"
         )
-        explained = kubectl("explain", f"disaggregatedservings.spec.{PROBE_FIELD}")
-        assert "A field only the upgrade test's chart has." in explained
+        # The API server publishes the new schema to OpenAPI (what `kubectl explain` reads) a little after it accepts
+        # the field (seen in CI: explain did not know the field yet right after the dry run took it).
+        wait_for(lambda: explains_probe_field(kubectl), timeout=30, what="kubectl explain showing the new field")
         args = operator_container(kubectl, release_namespace, "duplex")["args"]
         assert args[args.index("--resync-seconds") + 1] == "3"
         ready(kubectl, namespace)  # the serving stays Ready through the operator's upgrade

@@ -35,8 +35,14 @@ def engines() -> Iterator[tuple[SimProcess, SimProcess]]:
         load_nixl_api()
     except NixlUnavailable as e:
         pytest.fail(f"nixl is required for the NIXL tier (CI and local): {e}")
-    prefill = SimProcess("prefill", "--no-enable-prefix-caching", "--kv-load-failure-policy", "recompute",
-                         "--fail-on-corrupt", startup_timeout=90)  # fmt: skip
+    prefill = SimProcess(
+        "prefill",
+        "--no-enable-prefix-caching",
+        "--kv-load-failure-policy",
+        "recompute",
+        "--fail-on-corrupt",
+        startup_timeout=90,
+    )
     decode = SimProcess("decode", "--fail-on-corrupt", startup_timeout=90)
     try:
         prefill.start(), decode.start()
@@ -170,8 +176,10 @@ async def test_a_streamed_messages_turn_leaves_nothing_to_replay_and_says_why(ri
     names = [name for name, _ in out]
     assert names[0] == "message_start" and names[-1] == "message_stop"
     text = "".join(d["delta"].get("text", "") for name, d in out if name == "content_block_delta")
-    follow_up = messages + [{"role": "assistant", "content": [{"type": "text", "text": text}]},
-                            {"role": "user", "content": "Go on."}]  # fmt: skip
+    follow_up = messages + [
+        {"role": "assistant", "content": [{"type": "text", "text": text}]},
+        {"role": "user", "content": "Go on."},
+    ]
     status, _, _ = await rig.post("/v1/messages", messages_body(follow_up))
     assert status == 200
     assert rig.metric("duplex_router_kv_reuse_misses_total", reason="stream_no_params") == 1

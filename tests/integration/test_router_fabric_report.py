@@ -54,8 +54,9 @@ async def test_the_router_reports_its_fabric_verdict_into_its_one_configmap(kube
     kubeconfig = router_identity(kubectl, namespace, "qwen-fabric", tmp_path)
     monkeypatch.setenv("POD_NAME", "qwen-router-abc")
     verdict = [True, "KV transfers at 2.10-2.40 GB/s (LIBFABRIC)"]
-    config = FabricReportConfig(namespace=namespace, config_map="qwen-fabric", kubeconfig=str(kubeconfig),
-                                heartbeat_seconds=600)  # fmt: skip
+    config = FabricReportConfig(
+        namespace=namespace, config_map="qwen-fabric", kubeconfig=str(kubeconfig), heartbeat_seconds=600
+    )
     reporter = FabricReporter(
         config,
         lambda: {"healthy": verdict[0], "measured": True, "message": verdict[1], "backend": "LIBFABRIC"},
@@ -93,8 +94,12 @@ async def test_the_router_reports_its_fabric_verdict_into_its_one_configmap(kube
 
     # The same identity cannot touch any other ConfigMap.
     other = FabricReportConfig(namespace=namespace, config_map="unrelated", kubeconfig=str(kubeconfig))
-    outsider = FabricReporter(other, lambda: {"healthy": True, "measured": False, "message": "", "backend": "UCX"}, check_every=60, access=ApiAccess.from_kubeconfig(
-        str(kubeconfig)))  # fmt: skip
+    outsider = FabricReporter(
+        other,
+        lambda: {"healthy": True, "measured": False, "message": "", "backend": "UCX"},
+        check_every=60,
+        access=ApiAccess.from_kubeconfig(str(kubeconfig)),
+    )
     await outsider.start()
     try:
         assert await outsider.publish() is False and outsider.failing

@@ -351,8 +351,9 @@ async def test_the_router_reads_the_engines_nixl_counters(make_rig):
     assert fabric["healthy"] and "GB/s (UCX)" in fabric["message"], fabric
     decode = rig.router.engines.decode
     owners = {labels_owner for labels_owner in (d.url for d in decode.engines.values())}
-    pair = sum(rig.metric("duplex_router_kv_pair_bandwidth_bytes_per_second", reader=prefill["url"], owner=o)
-               for o in owners)  # fmt: skip
+    pair = sum(
+        rig.metric("duplex_router_kv_pair_bandwidth_bytes_per_second", reader=prefill["url"], owner=o) for o in owners
+    )
     assert pair > 0
     async with rig.client._session.get(rig.server.url + "/ready") as resp:
         assert (await resp.json())["fabric"]["healthy"] is True

@@ -2,8 +2,8 @@
 (hack/make_model.py), started once per session from what `duplex render -f examples/seed.yaml` emits, and the real
 `duplex router` in front of them.
 
-Engines of the session (started together; ~1 minute on 2 cores), two only: a third engine on 2 cores starved
-the others' health probes and NIXL handshakes past every bound in CI:
+Engines of the session (started together; ~1 minute on 2 cores), two only, each on a core of its own
+(launch/vllm.PINNED_REASON: unpinned, vLLM 0.32's busy loops made follow-up turns take 5-31 s instead of ~1 s):
 * `prefill`: prefix caching off (a test override), so every token reused from decode is a NIXL read on prefill and
   shows up in its counters;
 * `decode`: decoder_kv_blocks_ttl rig.DECODE_TTL (a test override of the rendered 480 s), so that a router that
@@ -126,8 +126,8 @@ def engine_pair(request: pytest.FixtureRequest) -> Iterator[Engines]:
     """Prefill and decode as described above, started together, warmed up and calmed; stopped on exit, their logs
     kept when a test of the session failed."""
     # Logs are kept: rig.Counters counts prefill's declined reads in its log, and a failure shows their tails.
-    prefill = VllmEngine("prefill", prefix_caching=False, keep_log=True)
-    decode = VllmEngine("decode", kv_extra={"decoder_kv_blocks_ttl": DECODE_TTL}, keep_log=True)
+    prefill = VllmEngine("prefill", prefix_caching=False, keep_log=True, cpu=0)
+    decode = VllmEngine("decode", kv_extra={"decoder_kv_blocks_ttl": DECODE_TTL}, keep_log=True, cpu=1)
     started = time.monotonic()
     start_all([prefill, decode])
     keyed_engines(prefill, decode)
@@ -197,9 +197,8 @@ def _calm(engines: list[VllmEngine], stop: threading.Event) -> None:
 
 
 # The router's health probe is 2 s by default; on 2 shared cores an engine busy with a prefill can take longer to
-# answer /health, which would take it out of rotation for nothing. A replaying prefill that hangs (vLLM 0.32, see
-# rig.REPLAY_SECONDS) is abandoned after rig.REPLAY_SECONDS rather than the rendered 30 s: a good replay on 2
-# loaded cores can take longer than that.
+# answer /health, which would take it out of rotation for nothing. A replaying prefill that hangs (vLLM 0.32) is
+# abandoned after rig.REPLAY_SECONDS.
 ROUTER_CONFIG: dict[str, Any] = {
     "health_check": {"interval_seconds": 1.0, "timeout_seconds": 20.0},
     "timeouts": {"replay_prefill_seconds": REPLAY_SECONDS},

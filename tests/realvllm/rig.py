@@ -19,18 +19,18 @@ from duplex_dev.launch.engine_key import DEV_ENGINE_AUTH
 from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.vllm import CPU_BLOCK_SIZE, VllmEngine
 
-# decode's decoder_kv_blocks_ttl in this tier (seconds; rendered: 480): long enough that a test's next turn, a minute
-# later on loaded cores, still finds its blocks; short enough that the expiry test can wait it out.
-DECODE_TTL = 180
+# decode's decoder_kv_blocks_ttl in this tier (seconds; rendered: 480): long enough that a test's next turn still finds
+# its blocks (a turn takes about a second with each engine on a core of its own, conftest.engine_pair), short enough
+# that the expiry test waits it out in a minute and a half.
+DECODE_TTL = 90
 EXTERNAL = "vllm:prompt_tokens_by_source_total"
 # Observed on vLLM 0.32 (CPU build) in every run: after prefill declines (expired blocks) or fails (decode gone,
 # NIXL_ERR_REMOTE_DISCONNECT) a D->P read, the worker logs "Skipping KV post-processing for failed request", and the
 # request then stays in WAITING_FOR_REMOTE_KVS ("KV fetch: 1 in progress") instead of being recomputed under
 # kv_load_failure_policy=recompute. The router abandons such a replaying prefill leg after
-# timeouts.replay_prefill_seconds and recomputes (the tier's routers use REPLAY_SECONDS). A replay that works can
-# take 20 s and more on 2 cores shared with decode engines busy-stepping while they retain blocks (seen in CI and
-# on a loaded machine: the read done, the leg abandoned as hung), so this is long enough for a slow good replay.
-REPLAY_SECONDS = 60
+# timeouts.replay_prefill_seconds and recomputes: the tier's routers use the rendered 30 s. (Before the engines had
+# a core each, a good replay took 20 s and more, and the tier needed 60.)
+REPLAY_SECONDS = 30
 STUCK_TURN_SECONDS = 240  # a turn this slow (the replay budget, then a recompute) is a hang, not a slow machine
 # Starting one engine while the other runs takes minutes on 2 cores: 10 minutes in a CI run whose prefill held a
 # stuck read (above), which steps prefill's engine core and worker on both cores.

@@ -17,8 +17,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser = argparse.ArgumentParser(
         prog="duplex-dev cluster",
-        description="A local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, "
-        "kube-scheduler, kwok) with fake EKS EFA GPU nodes. No containers.",
+        description="A local Kubernetes cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, "
+        "kwok with fake EKS EFA GPU nodes, and a real node (containerd, runc, kubelet, kube-proxy in a network "
+        "namespace of its own, addresses from 198.18.0.0/15) where pods really run.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", parents=[common], help="start the cluster (idempotent)")
@@ -34,9 +35,14 @@ def _parser() -> argparse.ArgumentParser:
         "--nodes", default=None, help="node manifests to register (default: tests/fixtures/fake-nodes.yaml)"
     )
     up.add_argument("--timeout", type=float, default=300.0, help="overall startup deadline in seconds (default 300)")
+    up.add_argument(
+        "--no-real-node", action="store_true", help="the control plane and the fake fleet only (no root needed)"
+    )
     sub.add_parser("down", parents=[common], help="stop every component and remove the runtime state")
     sub.add_parser("status", parents=[common], help="component health and nodes; exit 1 when not running")
     sub.add_parser("kubeconfig", parents=[common], help="print the admin kubeconfig path")
+    load = sub.add_parser("load-image", parents=[common], help="import an image into the real node's containerd")
+    load.add_argument("image", nargs="?", default=None, help="image in buildah's storage (default: the project's)")
     return parser
 
 
@@ -50,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             # A terminated `up` must still stop what it started: turn SIGTERM into an exception startup cleans up on.
             signal.signal(signal.SIGTERM, _terminated)
-            cluster = LocalCluster(args.dir, bin_dir=args.bin_dir, nodes_file=args.nodes)
+            cluster = LocalCluster(
+                args.dir, bin_dir=args.bin_dir, nodes_file=args.nodes, real_node=not args.no_real_node
+            )
             cluster.up(timeout=args.timeout, build=not args.no_build)
             print(cluster.kubeconfig)
             return 0
@@ -63,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
             status = cluster.status()
             print(status.render())
             return 0 if status.running else 1
+        if args.command == "load-image":
+            from duplex_dev import images
+
+            print(cluster.import_image(images.archive(args.image)))
+            return 0
         if args.command == "kubeconfig":
             if not cluster.status(with_nodes=False).components:
                 print(f"no cluster in {cluster.state_dir}: run `duplex-dev cluster up`", file=sys.stderr)
@@ -74,5 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     except ClusterError as err:
         print(f"duplex-dev cluster: FAILED: {err}", file=sys.stderr)
+        return 1
+    except RuntimeError as err:  # an image that is not built (images.ImageMissing), a failed import
+        print(f"duplex-dev cluster: {err}", file=sys.stderr)
         return 1
     return 2

@@ -6,10 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from duplex_dev.cluster.addresses import KWOK_POD_CIDR, NODELESS_SERVICE_CIDR
 from duplex_dev.cluster.pki import PKIPaths
 
-SERVICE_CIDR = "10.0.0.0/24"
-POD_CIDR = "10.244.0.0/16"  # kwok's fallback for nodes without spec.podCIDR; fake-nodes.yaml gives each its own /24
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 KWOK_NODE_SELECTOR = "kwok.x-k8s.io/node=fake"
 HEALTH_PATHS = "/healthz,/readyz,/livez,/metrics"
@@ -85,6 +84,11 @@ class Layout:
     def apiserver_cert_dir(self) -> Path:
         return self.root / "apiserver-certs"
 
+    @property
+    def node_dir(self) -> Path:
+        """The real node's files (node_config.NodeLayout)."""
+        return self.root / "node"
+
     def pid_file(self, component: str) -> Path:
         """For shell users; state.json is what LocalCluster trusts (it also records each process's start time)."""
         return self.root / "pids" / f"{component}.pid"
@@ -109,6 +113,19 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class Network:
+    """Which Services the apiserver hands out, and whether a real node runs (the apiserver then listens on the host's
+    end of the node's link, `Ports.host`, where pods reach it through the `kubernetes` Service)."""
+
+    service_cidr: str = NODELESS_SERVICE_CIDR
+    node_slot: int | None = None
+
+    @property
+    def with_node(self) -> bool:
+        return self.node_slot is not None
+
+
+@dataclass(frozen=True)
 class Ports:
     etcd_client: int
     etcd_peer: int
@@ -116,13 +133,15 @@ class Ports:
     controller_manager: int
     scheduler: int
     kwok: int
+    host: str = "127.0.0.1"  # the apiserver's address: loopback, or the host's end of the real node's link
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.apiserver}"
+        return f"https://{self.host}:{self.apiserver}"
 
 
-def argv(component: str, layout: Layout, ports: Ports, bin_dir: Path) -> list[str]:
+def argv(component: str, layout: Layout, ports: Ports, bin_dir: Path, network: Network | None = None) -> list[str]:
+    network = network or Network()
     pki = layout.pki
     kubeconfig = str(layout.component_kubeconfig(component))
     if component == "etcd":
@@ -145,8 +164,8 @@ def argv(component: str, layout: Layout, ports: Ports, bin_dir: Path) -> list[st
             str(bin_dir / "kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
             "--etcd-prefix=/registry",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={ports.host}",
+            f"--advertise-address={ports.host}",
             f"--secure-port={ports.apiserver}",
             f"--cert-dir={layout.apiserver_cert_dir}",
             f"--tls-cert-file={pki.apiserver_cert}",
@@ -163,9 +182,14 @@ def argv(component: str, layout: Layout, ports: Ports, bin_dir: Path) -> list[st
             "--authorization-mode=Node,RBAC",
             # The defaults (NamespaceLifecycle, ServiceAccount, PodSecurity, ResourceQuota, ...) stay on; add these.
             "--enable-admission-plugins=NodeRestriction",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-cluster-ip-range={network.service_cidr}",
             "--allow-privileged=true",
-            "--endpoint-reconciler-type=none",  # loopback cannot be published as the `kubernetes` endpoint
+            # Loopback cannot be published as the `kubernetes` endpoint; the node's link address can, and pods need it.
+            f"--endpoint-reconciler-type={'lease' if network.with_node else 'none'}",
+            # The apiserver's own identity towards the kubelet (logs, exec, port-forward).
+            f"--kubelet-client-certificate={pki.kubelet_client_cert}",
+            f"--kubelet-client-key={pki.kubelet_client_key}",
+            "--kubelet-preferred-address-types=InternalIP",
             f"--service-account-issuer={SA_ISSUER}",
             f"--service-account-key-file={pki.sa_pub}",
             f"--service-account-signing-key-file={pki.sa_key}",
@@ -193,7 +217,7 @@ def argv(component: str, layout: Layout, ports: Ports, bin_dir: Path) -> list[st
             f"--service-account-private-key-file={pki.sa_key}",
             f"--cluster-signing-cert-file={pki.ca_cert}",
             f"--cluster-signing-key-file={pki.ca_key}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-cluster-ip-range={network.service_cidr}",
             "--kube-api-qps=100",
             "--kube-api-burst=200",
             # kwok renews node leases; under a busy compile a renewal can be late, which must not taint the nodes.
@@ -219,7 +243,7 @@ def argv(component: str, layout: Layout, ports: Ports, bin_dir: Path) -> list[st
             f"--config={bin_dir / 'kwok-stages.yaml'}",
             "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={KWOK_NODE_SELECTOR}",
-            f"--cidr={POD_CIDR}",
+            f"--cidr={KWOK_POD_CIDR}",
             f"--server-address=127.0.0.1:{ports.kwok}",
             "--node-lease-duration-seconds=40",
         ]

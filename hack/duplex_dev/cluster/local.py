@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -21,8 +20,11 @@ from pathlib import Path
 import yaml
 
 from duplex_dev import processes
-from duplex_dev.cluster import components, pki, rest, tools
-from duplex_dev.cluster.components import COMPONENTS, Layout, Ports
+from duplex_dev.cluster import components, hostnet, pki, rest, tools
+from duplex_dev.cluster.addresses import NodeAddresses, nodeless_kubernetes_service_ip
+from duplex_dev.cluster.components import COMPONENTS, Layout, Network, Ports
+from duplex_dev.cluster.node import NODE_COMPONENTS, RealNode, save_sysctls
+from duplex_dev.cluster.node_config import NODE_NAME
 from duplex_dev.processes import ProcessRecord
 
 STATE_VERSION = 1
@@ -36,6 +38,11 @@ BUDGETS = {
     "kwok": 60.0,
     "nodes": 90.0,
     "serviceaccount": 90.0,
+    "containerd": 30.0,
+    "coredns": 30.0,
+    "kubelet": 60.0,
+    "kube-proxy": 60.0,
+    "real node": 90.0,
 }
 # Taints the control plane itself puts on a node that is not (yet) usable.
 NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
@@ -99,16 +106,7 @@ class ClusterStatus:
 
 
 def _free_ports(count: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    return [processes.free_port() for _ in range(count)]
 
 
 def _safe_name(text: str) -> str:
@@ -139,9 +137,11 @@ class LocalCluster:
         bin_dir: str | Path | None = None,
         nodes_file: str | Path | None = None,
         echo: Callable[[str], None] | None = None,
+        real_node: bool = False,
     ):
         self.layout = Layout(Path(state_dir).expanduser().resolve() if state_dir else default_state_dir().resolve())
         self._bin_dir = Path(bin_dir).expanduser() if bin_dir else None
+        self.real_node = real_node
         self.nodes_file = Path(nodes_file) if nodes_file else tools.FAKE_NODES
         self._echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
         self._t0 = time.monotonic()
@@ -181,7 +181,28 @@ class LocalCluster:
         return self.layout.log(component)
 
     def log_tails(self, lines: int = 30) -> dict[str, str]:
-        return {c: processes.log_tail(self.layout.log(c), lines) for c in COMPONENTS if self.layout.log(c).exists()}
+        names = (*COMPONENTS, *NODE_COMPONENTS)
+        return {c: processes.log_tail(self.layout.log(c), lines) for c in names if self.layout.log(c).exists()}
+
+    @property
+    def node(self) -> RealNode | None:
+        """The real node, when this cluster runs one."""
+        state = self._load_state()
+        slot = (state or {}).get("network", {}).get("node_slot")
+        return None if slot is None else RealNode(self.layout.node_dir, NodeAddresses(slot), self._say)
+
+    def process_records(self) -> dict[str, ProcessRecord]:
+        """Every process of the cluster the state file records (control plane and node daemons)."""
+        state = self._load_state() or {}
+        return {name: ProcessRecord.from_json(data) for name, data in state.get("processes", {}).items()}
+
+    def import_image(self, archive: Path) -> str:
+        """Import an image archive (OCI or docker, as `buildah push` writes) into the real node's containerd."""
+        node = self.node
+        if node is None:
+            raise ClusterError("cluster", "no real node in this cluster: start it with real_node=True (--real-node)")
+        self._say(f"importing {archive.name} ({archive.stat().st_size / 2**20:.0f} MiB) into the node's containerd")
+        return node.import_image(tools.node_binaries(self.bin_dir), archive)
 
     def is_running(self) -> bool:
         return self.status(with_nodes=False).running
@@ -218,9 +239,15 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         layout = self.layout
         layout.logs_dir.mkdir(parents=True, exist_ok=True)
-        pki.mint(layout.pki)
+        addrs = self._wire_node() if self.real_node else None
+        if addrs is None:
+            network, host, apiserver_ips = Network(), "127.0.0.1", [nodeless_kubernetes_service_ip()]
+        else:
+            network = Network(service_cidr=addrs.service_cidr, node_slot=addrs.slot)
+            host, apiserver_ips = addrs.host, [addrs.host, addrs.kubernetes_service_ip]
+        pki.mint(layout.pki, apiserver_ips)
         layout.audit_policy.write_text(components.AUDIT_POLICY)
-        ports = Ports(*_free_ports(6))
+        ports = Ports(*_free_ports(6), host=host)
         pki.write_kubeconfig(
             layout.kubeconfig,
             pki.kubeconfig(
@@ -245,6 +272,7 @@ class LocalCluster:
             "kubeconfig": str(layout.kubeconfig),
             "audit_log": str(layout.audit_log),
             "ports": asdict(ports),
+            "network": asdict(network),
             "processes": {},
         }
         self._save_state(state)
@@ -259,6 +287,8 @@ class LocalCluster:
                 self._await_component(state, name, ports, deadline)
             self._register_nodes(deadline)
             self._await_default_serviceaccount(deadline)
+            if addrs is not None:
+                self._start_node(state, addrs, bin_dir, deadline)
         except BaseException:
             self._say("startup failed: stopping what was started")
             self._stop_all(state)
@@ -299,14 +329,19 @@ class LocalCluster:
         ports = Ports(**state["ports"])
         result.kubeconfig, result.server = Path(state["kubeconfig"]), ports.server
         api = self._api(ports) if self.layout.pki.exists() else None
-        for name in COMPONENTS:
+        node = self.node
+        names = (*COMPONENTS, *(NODE_COMPONENTS if node is not None else ()))
+        for name in names:
             data = state["processes"].get(name)
             if data is None:
                 result.components.append(ComponentHealth(name, None, False, False))
                 continue
             record = ProcessRecord.from_json(data)
             alive = processes.is_alive(record)
-            healthy = alive and self._healthy(name, ports, api)
+            if name in NODE_COMPONENTS:
+                healthy = alive and node is not None and node.healthy(name)
+            else:
+                healthy = alive and self._healthy(name, ports, api)
             result.components.append(ComponentHealth(name, record.pid, alive, healthy))
         if with_nodes and api is not None and result.running:
             with contextlib.suppress(OSError, TimeoutError, ValueError):
@@ -404,7 +439,7 @@ class LocalCluster:
         return rest.probe(components.health_url(name, ports))
 
     def _launch(self, state: dict, name: str, ports: Ports, bin_dir: Path) -> None:
-        argv = components.argv(name, self.layout, ports, bin_dir)
+        argv = components.argv(name, self.layout, ports, bin_dir, Network(**state.get("network", {})))
         record = processes.spawn(argv, self.layout.log(name))
         state["processes"][name] = record.to_json()
         self._save_state(state)
@@ -503,8 +538,77 @@ class LocalCluster:
                 )
             time.sleep(0.5)
 
+    def _wire_node(self) -> NodeAddresses:
+        addrs = hostnet.claim_slot()
+        # Recorded at once, so that a failure from here on is undone by `down` like the processes are.
+        self._save_state({"version": STATE_VERSION, "network": {"node_slot": addrs.slot}, "processes": {}})
+        try:
+            hostnet.wire(addrs)
+        except BaseException:
+            hostnet.unwire(addrs)
+            self._remove_runtime()
+            raise
+        self._say(
+            f"real node: slot {addrs.slot}, namespace {addrs.netns}, link {addrs.host_link} {addrs.host} <-> "
+            f"{addrs.node}, pods {addrs.pod_cidr}, Services {addrs.service_cidr}"
+        )
+        return addrs
+
+    def _start_node(self, state: dict, addrs: NodeAddresses, bin_dir: Path, deadline: float) -> None:
+        binaries = tools.node_binaries(bin_dir)
+        node = RealNode(self.layout.node_dir, addrs, self._say)
+        node.write_config(self.layout.pki, Ports(**state["ports"]).server)
+        save_sysctls()
+        for name in NODE_COMPONENTS:
+            record = node.launch(name, binaries, self.layout.log(name))
+            state["processes"][name] = record.to_json()
+            self._save_state(state)
+            self._say(f"{name} started (pid {record.pid}) in {addrs.netns}, log {record.log}")
+            self._await_node_component(node, name, record, deadline)
+            if name == "containerd":
+                self._say(f"pause image: {node.import_image(binaries, tools.pause_archive())}")
+        self._await_real_node_ready(deadline)
+
+    def _await_node_component(self, node: RealNode, name: str, record: ProcessRecord, deadline: float) -> None:
+        until = time.monotonic() + min(BUDGETS[name], max(0.0, deadline - time.monotonic()))
+        while not node.healthy(name):
+            if not processes.is_alive(record):
+                raise ClusterError(name, "exited during startup", processes.log_tail(record.log), record.log)
+            if time.monotonic() >= until:
+                raise ClusterError(name, "not healthy in time", processes.log_tail(record.log), record.log)
+            time.sleep(0.25)
+        self._say(f"{name} healthy")
+
+    def _await_real_node_ready(self, deadline: float) -> None:
+        api = self._api(Ports(**self._require_state()["ports"]))
+        until = time.monotonic() + min(BUDGETS["real node"], max(0.0, deadline - time.monotonic()))
+        while True:
+            with contextlib.suppress(OSError, TimeoutError):
+                resp = api.get(f"/api/v1/nodes/{NODE_NAME}")
+                if resp.status == 200 and _node_summary(resp.json())["ready"]:
+                    self._say(f"node {NODE_NAME} Ready: pods on it really run")
+                    return
+            if time.monotonic() >= until:
+                log = self.layout.log("kubelet")
+                raise ClusterError("kubelet", f"node {NODE_NAME} not Ready in time", processes.log_tail(log), log)
+            time.sleep(0.5)
+
     def _stop_all(self, state: dict) -> list[str]:
         stopped, stuck = [], []
+        slot = state.get("network", {}).get("node_slot")
+        if slot is not None:
+            node = RealNode(self.layout.node_dir, NodeAddresses(slot), self._say)
+            records = {
+                name: ProcessRecord.from_json(data)
+                for name, data in state.get("processes", {}).items()
+                if name in NODE_COMPONENTS
+            }
+            left = node.stop(records)
+            if left:
+                raise ClusterError("real node", f"left behind after stopping: {'; '.join(left)}")
+            node.remove_files()
+            stopped += [name for name in NODE_COMPONENTS if name in records]
+            self._say(f"real node stopped: no process, mount, cgroup, namespace or route of it is left (slot {slot})")
         for name in reversed(COMPONENTS):
             data = state.get("processes", {}).get(name)
             if data is None:

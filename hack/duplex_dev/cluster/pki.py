@@ -16,8 +16,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-# The apiserver answers on loopback; 10.0.0.1 is the first address of the service range (the `kubernetes` Service).
-APISERVER_IPS = ("127.0.0.1", "10.0.0.1")
+# The apiserver answers on loopback (a cluster without a real node) or on the host's end of the node's link; pods
+# reach it at the first address of the Service range (the `kubernetes` Service). mint() adds those two.
+APISERVER_IPS = ("127.0.0.1",)
 APISERVER_DNS = (
     "localhost",
     "kubernetes",
@@ -57,6 +58,14 @@ class PKIPaths:
     @property
     def admin_key(self) -> Path:
         return self.root / "admin.key"
+
+    @property
+    def kubelet_client_cert(self) -> Path:
+        return self.root / "apiserver-kubelet-client.crt"
+
+    @property
+    def kubelet_client_key(self) -> Path:
+        return self.root / "apiserver-kubelet-client.key"
 
     @property
     def front_proxy_ca_cert(self) -> Path:
@@ -205,14 +214,15 @@ def _new_ca(common_name: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivate
     return ca_cert, ca_key
 
 
-def mint(paths: PKIPaths) -> None:
-    """Create the CA, the apiserver serving cert, the admin client cert, the front-proxy (request-header) CA and
-    client cert, and the service-account keypair."""
+def mint(paths: PKIPaths, apiserver_ips: Sequence[str] = ()) -> None:
+    """Create the CA, the apiserver serving cert (valid for loopback and `apiserver_ips`), the admin client cert, the
+    apiserver's client cert towards kubelets, the front-proxy (request-header) CA and client cert, and the
+    service-account keypair."""
     ca_cert, ca_key = _new_ca("duplex-local-ca")
     _write(paths.ca_cert, _cert_pem(ca_cert))
     _write(paths.ca_key, _key_pem(ca_key), private=True)
 
-    sans = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in APISERVER_IPS]
+    sans = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in (*APISERVER_IPS, *apiserver_ips)]
     sans += [x509.DNSName(name) for name in APISERVER_DNS]
     cert, key = _issue(
         ca_cert,
@@ -229,6 +239,15 @@ def mint(paths: PKIPaths) -> None:
     )
     _write(paths.admin_cert, cert)
     _write(paths.admin_key, key, private=True)
+
+    cert, key = _issue(
+        ca_cert,
+        ca_key,
+        client_subject("kube-apiserver-kubelet-client", ["system:masters"]),
+        ExtendedKeyUsageOID.CLIENT_AUTH,
+    )
+    _write(paths.kubelet_client_cert, cert)
+    _write(paths.kubelet_client_key, key, private=True)
 
     # A separate CA for the aggregation layer's request-header auth, so no ordinary client cert can claim to be a proxy.
     fp_cert, fp_key = _new_ca("duplex-front-proxy-ca")

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from duplex_dev.cluster.node import NodeBinaries
+
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
 STAGES_FILE = "kwok-stages.yaml"
 
@@ -44,6 +46,32 @@ def default_bin_dir() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+def _print(flag: str) -> list[str]:
+    out = subprocess.run(["bash", str(BUILD_SCRIPT), flag], capture_output=True, text=True, check=False)
+    if out.returncode != 0 or not out.stdout.strip():
+        raise ToolsMissing(f"{BUILD_SCRIPT} {flag} failed: {out.stderr.strip()}")
+    return out.stdout.strip().splitlines()
+
+
+def node_binaries(bin_dir: Path) -> NodeBinaries:
+    """The real node's binaries: the kubelet and kube-proxy beside the control plane's, containerd and CoreDNS in
+    version-keyed dirs of their own (hack/build-tools.sh --print-node)."""
+    containerd_dir, _, coredns = _print("--print-node")
+    binaries = NodeBinaries(bin_dir / "kubelet", bin_dir / "kube-proxy", Path(containerd_dir), Path(coredns))
+    missing = binaries.missing()
+    if missing:
+        raise ToolsMissing(f"the real node needs {', '.join(missing)}: run hack/setup.sh (or bash hack/build-tools.sh)")
+    return binaries
+
+
+def pause_archive() -> Path:
+    """The node's pod sandbox image (hack/pause), as an archive containerd imports."""
+    _, archive, _ = _print("--print-node")
+    if not Path(archive).is_file():
+        raise ToolsMissing(f"{archive} is missing: run hack/setup.sh (or bash hack/build-tools.sh)")
+    return Path(archive)
+
+
 def locate(bin_dir: str | Path | None = None) -> Path:
     """The bin dir to use without building anything: explicit, $DUPLEX_BIN, or build-tools.sh's cache dir."""
     if bin_dir:
@@ -62,7 +90,7 @@ def build_or_reuse(bin_dir: str | Path | None = None) -> Path:
         return target
     if not BUILD_SCRIPT.is_file():
         raise ToolsMissing(f"{BUILD_SCRIPT} not found and no complete --bin-dir/DUPLEX_BIN given")
-    env = dict(os.environ)
+    env = {"DUPLEX_TOOLS": "run", **os.environ}  # the cluster's binaries, not the chart's checkers
     if target is not None:
         env["DUPLEX_BIN"] = str(target)
     try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,17 +14,13 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
+from duplex_dev.processes import free_port
+
 ROOT = Path(__file__).resolve().parents[3]
 OPERATOR_USER = "duplex-operator"
 CLUSTER_ROLE = ROOT / "charts/duplex/files/clusterrole.yaml"
 CRD = ROOT / "crds/duplex.dev_disaggregatedservings.yaml"
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def install_crd_and_rbac(kubectl: Any) -> None:

@@ -8,7 +8,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from typing import Any
 
 from duplex_dev import processes
@@ -61,12 +60,14 @@ class RedisServer:
             "no",
         ]
         self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while not self._ping():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise LaunchError(f"redis-server did not start:\n{processes.log_tail(self.log_path)}")
-            time.sleep(0.05)
+        startup = processes.Startup(
+            f"redis-server on {self.host}:{self.port}", self._ping, self.process.poll, self.log_path, timeout
+        )
+        try:
+            startup.wait()
+        except LaunchError:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:

@@ -6,7 +6,7 @@ ports (for tests and benchmarks).
         The router sends `engine_key` to the engines (as the operator's router sends the Secret's key), so that real
         vLLM engines launched from the rendered env (launch/vllm.py) accept it; None sends no key. A config file
         given by path is used as it is.
-        start() / wait_ready(timeout) (GET /health) / stop(); `url`, `log_tail()`, `metric(name, **labels)`;
+        start() / wait_ready(timeout, path="/health") / stop(); `url`, `log_tail()`, `metric(name, **labels)`;
         also a (sync and async) context manager.
 """
 
@@ -19,9 +19,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 from duplex_dev import processes
@@ -86,26 +83,22 @@ class RouterProcess:
             self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
         return self
 
-    def _healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=1) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def wait_ready(self, timeout: float | None = None) -> RouterProcess:
-        deadline = time.monotonic() + (timeout or self.startup_timeout)
+    def wait_ready(self, timeout: float | None = None, path: str = "/health") -> RouterProcess:
+        """Wait until GET `path` answers 200 (/ready: also until its engines are healthy); stop it if it does not."""
         assert self.process is not None, "start() first"
-        while not self._healthy():
-            if self.process.poll() is not None:
-                raise LaunchError(f"duplex router exited with {self.process.returncode}:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                tail = self.log_tail()  # before stop(), which removes the log of a router that exits cleanly
-                self.stop()
-                raise LaunchError(
-                    f"duplex router not healthy on {self.url} after {timeout or self.startup_timeout:g} s:\n{tail}"
-                )
-            time.sleep(0.05)
+        url = self.url + path
+        startup = processes.Startup(
+            f"duplex router on {url}",
+            lambda: processes.answers(url),
+            self.process.poll,
+            self.log_path,
+            timeout or self.startup_timeout,
+        )
+        try:
+            startup.wait()
+        except LaunchError:
+            self.stop()
+            raise
         return self
 
     def stop(self, timeout: float = 10.0) -> int | None:

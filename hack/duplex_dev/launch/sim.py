@@ -36,8 +36,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
@@ -79,7 +77,7 @@ class SimProcess:
         os.close(fd)
         self.keep_log = keep_log
         self.process: subprocess.Popen[bytes] | None = None
-        self._deadline = 0.0
+        self._startup: processes.Startup | None = None
         self._attempts = 0
 
     @property
@@ -104,48 +102,50 @@ class SimProcess:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
         self._attempts += 1
-        self._deadline = time.monotonic() + self.startup_timeout
+        self._startup = self._startup_for(self.startup_timeout)
         return self
 
-    def _healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=1) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+    def _startup_for(self, timeout: float) -> processes.Startup:
+        assert self.process is not None, "start() first"
+        url = f"{self.url}/health"
+        return processes.Startup(
+            f"duplex sim {self.role} on {url}",
+            lambda: processes.answers(url),
+            self.process.poll,
+            self.log_path,
+            timeout,
+            SimStartError,
+        )
 
     def _check(self) -> bool:
         """True when healthy; raises when the engine died or the deadline passed; restarts after a port clash."""
-        assert self.process is not None, "start() first"
-        if self.process.poll() is not None:
-            if self._auto_ports and self._attempts < 3 and "address already in use" in self.log_tail().lower():
+        assert self._startup is not None, "start() first"
+        try:
+            return self._startup.check()
+        except SimStartError:
+            if self._lost_a_port():
                 self.port, self.side_channel_port = free_port(self.host), free_port(self.host)
                 self.start()
                 return False
-            raise SimStartError(
-                f"duplex sim {self.role} exited with code {self.process.returncode} before becoming healthy; "
-                f"log {self.log_path}:\n{self.log_tail()}"
-            )
-        if self._healthy():
-            return True
-        if time.monotonic() > self._deadline:
             self.stop()
-            raise SimStartError(
-                f"duplex sim {self.role} not healthy on {self.url}/health after {self.startup_timeout}s; "
-                f"log {self.log_path}:\n{self.log_tail()}"
-            )
-        return False
+            raise
+
+    def _lost_a_port(self) -> bool:
+        """It exited because a port picked for it was taken meanwhile (free_port only knows it was free then)."""
+        if self.process is None or self.process.poll() is None or not self._auto_ports or self._attempts >= 3:
+            return False
+        return "address already in use" in self.log_tail().lower()
 
     def wait_ready(self, timeout: float | None = None) -> SimProcess:
         if timeout is not None:
-            self._deadline = time.monotonic() + timeout
+            self._startup = self._startup_for(timeout)
         while not self._check():
             time.sleep(0.05)
         return self
 
     async def wait_ready_async(self, timeout: float | None = None) -> SimProcess:
         if timeout is not None:
-            self._deadline = time.monotonic() + timeout
+            self._startup = self._startup_for(timeout)
         while not await asyncio.to_thread(self._check):
             await asyncio.sleep(0.05)
         return self

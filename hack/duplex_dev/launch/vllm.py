@@ -5,9 +5,9 @@ table of CPU substitutions below (and by a test's explicit overrides, recorded t
 API (the shape of duplex_dev.launch.sim):
     VllmEngine(role, *, example="examples/seed.yaml", preset="test", kv_extra=None, prefix_caching=None,
                engine_key=True, host="127.0.0.1", port=None, side_channel_port=None, startup_timeout=300.0,
-               keep_log=False)
-        One engine. `kv_extra` overrides keys of kv_connector_extra_config (e.g. {"decoder_kv_blocks_ttl": 10});
-        `prefix_caching` True/False overrides the rendered --enable-prefix-caching. As rendered, the engine
+               keep_log=False, cpu=None)
+        One engine (`cpu`: pinned to that core, see PINNED_REASON). `kv_extra` overrides keys of
+        kv_connector_extra_config (e.g. {"decoder_kv_blocks_ttl": 10}); `prefix_caching` True/False overrides the rendered --enable-prefix-caching. As rendered, the engine
         requires the engine key on /v1 (launch/engine_key.py's local value, which launch/router.py's routers
         send); `engine_key=False` leaves /v1 open. Each engine is its own
         process group (the API server and its EngineCore child).
@@ -34,8 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
@@ -52,6 +50,13 @@ ROOT = Path(__file__).resolve().parents[3]
 ENTRYPOINT = "vllm.entrypoints.openai.api_server"
 CPU_BLOCK_SIZE = 32
 KV_CACHE_GIB = 1
+
+
+# Why an engine of a pair gets a core of its own (`cpu=`): while a KV transfer is pending (decode retaining blocks for
+# decoder_kv_blocks_ttl, prefill holding them for the lease), vLLM 0.32's engine core steps without pause and its
+# worker spins on the step broadcast. On 2 shared cores two such engines starved each other: follow-up turns of the
+# 0.6 M-parameter model took 5-31 s unpinned, 0.1-1 s with prefill on core 0 and decode on core 1 (2026-12-03).
+PINNED_REASON = "one core per engine: vLLM 0.32's busy loops while KV transfers are pending starve a shared core"
 
 
 class VllmStartError(LaunchError):
@@ -380,6 +385,7 @@ class VllmEngine:
         side_channel_port: int | None = None,
         startup_timeout: float = 300.0,
         keep_log: bool = False,
+        cpu: int | None = None,
     ):
         self.role = role
         self.host = host
@@ -394,11 +400,14 @@ class VllmEngine:
         self.rendered = rendered_engine(role, example)
         extra = overrides(kv_extra, prefix_caching, engine_key)
         self.cmd, self.changes = cpu_command(self.rendered, local, extra)
+        self.cpu = cpu
+        if cpu is not None:
+            self.changes.append(Change("CPU affinity", "<all cores>", f"core {cpu}", PINNED_REASON))
         fd, log = tempfile.mkstemp(prefix=f"duplex-vllm-{role}-", suffix=".log")
         os.close(fd)
         self.log_path = Path(log)
         self.record: processes.ProcessRecord | None = None
-        self._deadline = 0.0
+        self._startup: processes.Startup | None = None
 
     @property
     def url(self) -> str:
@@ -410,51 +419,50 @@ class VllmEngine:
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         inherited = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "OMP_"))}
-        return self.cmd.argv(self.python), {**inherited, "PYTHONUNBUFFERED": "1", **self.cmd.env}
+        argv = self.cmd.argv(self.python)
+        if self.cpu is not None:
+            argv = ["taskset", "--cpu-list", str(self.cpu), *argv]
+        return argv, {**inherited, "PYTHONUNBUFFERED": "1", **self.cmd.env}
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     def start(self) -> VllmEngine:
         argv, env = self.command()
         self.record = processes.spawn(argv, self.log_path, env=env, append_log=True)
-        self._deadline = time.monotonic() + self.startup_timeout
+        self._startup = self._startup_for(self.startup_timeout)
         return self
 
-    def _healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+    def _startup_for(self, timeout: float) -> processes.Startup:
+        record = self.record
+        assert record is not None, "start() first"
+        url = f"{self.url}/health"
+        return processes.Startup(
+            f"vLLM {self.role} engine on {url}",
+            lambda: processes.answers(url, timeout=5),
+            lambda: processes.exit_code(record),
+            self.log_path,
+            timeout,
+            VllmStartError,
+        )
 
     def _check(self) -> bool:
         """True when healthy; raises when the engine exited or the deadline passed."""
-        assert self.record is not None, "start() first"
-        if not processes.is_alive(self.record):
-            code = processes.exit_code(self.record)
-            raise VllmStartError(
-                f"vLLM {self.role} engine exited (code {code}) before becoming healthy; log {self.log_path}:\n"
-                f"{self.log_tail()}"
-            )
-        if self._healthy():
-            return True
-        if time.monotonic() > self._deadline:
+        assert self._startup is not None, "start() first"
+        try:
+            return self._startup.check()
+        except VllmStartError:
             self.stop()
-            raise VllmStartError(
-                f"vLLM {self.role} engine not healthy on {self.url}/health after {self.startup_timeout:.0f}s; "
-                f"log {self.log_path}:\n{self.log_tail()}"
-            )
-        return False
+            raise
 
     def wait_ready(self, timeout: float | None = None) -> VllmEngine:
         if timeout is not None:
-            self._deadline = time.monotonic() + timeout
+            self._startup = self._startup_for(timeout)
         while not self._check():
             time.sleep(0.5)
         return self
 
     async def wait_ready_async(self, timeout: float | None = None) -> VllmEngine:
         if timeout is not None:
-            self._deadline = time.monotonic() + timeout
+            self._startup = self._startup_for(timeout)
         while not await asyncio.to_thread(self._check):
             await asyncio.sleep(0.5)
         return self

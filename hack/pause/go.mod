@@ -1,0 +1,3 @@
+module duplex.dev/pause
+
+go 1.24

@@ -1,0 +1,153 @@
+"""duplex as users deploy it, on pods that really run: the chart's operator pod reconciles examples/local.yaml, whose
+router pod finds the engine pods through EndpointSlices and verifies them with its canary, and a conversation through
+the router's Service reuses decode's KV, counted by the engine pods themselves. Then the failures users meet: an
+engine pod deleted mid-conversation, the operator and the router restarted."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from conftest import NAMESPACE, NODE_NAME, ROLE_LABEL, SERVING, SERVING_LABEL, Cluster, conversation_id, wait_for
+
+from duplex.children.labels import ADMIN_PORT, HTTP_PORT
+
+EXTERNAL = ("vllm:prompt_tokens_by_source_total", {"source": "external_kv_transfer"})
+TOOL_OUTPUT = " ".join(f"row{i} value{i * 7 % 97}" for i in range(300))
+
+
+def selector(role: str, serving: str = SERVING) -> str:
+    return f"{SERVING_LABEL}={serving},{ROLE_LABEL}={role}"
+
+
+def post(url: str, body: dict[str, Any], timeout: float = 120) -> tuple[int, Any]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(errors="replace")
+
+
+class Chat:
+    """One agentic conversation through the router's Service: each turn resends the whole history."""
+
+    def __init__(self, cluster: Cluster, namespace: str = NAMESPACE, serving: str = SERVING):
+        self.url = cluster.service_url(f"{serving}-router", namespace) + "/v1/chat/completions"
+        model = cluster.json("-n", namespace, "get", "dsv", serving)["spec"]["model"]
+        self.model = model.get("servedModelName") or model["name"]
+        self.id = conversation_id()
+        # Long enough that its KV is above the recompute threshold: turn 2 already reuses it.
+        self.messages: list[dict[str, Any]] = [{"role": "user", "content": "Summarise this report. " + TOOL_OUTPUT}]
+
+    def turn(self, text: str = TOOL_OUTPUT) -> dict[str, Any]:
+        body = {"model": self.model, "messages": self.messages, "max_tokens": 16, "conversation_id": self.id}
+        status, answer = post(self.url, body)
+        assert status == 200, answer
+        self.messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
+        self.messages.append({"role": "user", "content": text})
+        return dict(answer)
+
+
+class Counters:
+    """What the engine and router pods count, read off their own /metrics."""
+
+    def __init__(self, cluster: Cluster, namespace: str = NAMESPACE, serving: str = SERVING):
+        self.cluster, self.namespace, self.serving = cluster, namespace, serving
+
+    def external(self) -> float:
+        return sum(self.cluster.metric(p, HTTP_PORT, EXTERNAL[0], **EXTERNAL[1]) for p in self.engines("prefill"))
+
+    def router(self, name: str, **labels: str) -> float:
+        return sum(self.cluster.metric(p, ADMIN_PORT, name, **labels) for p in self.engines("router"))
+
+    def corrupt(self) -> float:
+        """Blocks an engine pod read and found wrong (the simulator verifies every block it reads)."""
+        pods = self.engines("prefill") + self.engines("decode")
+        return sum(self.cluster.metric(p, HTTP_PORT, "sim_corrupt_blocks_total") for p in pods)
+
+    def engines(self, role: str) -> list[dict[str, Any]]:
+        return self.cluster.running(self.namespace, selector(role, self.serving))
+
+
+def test_every_child_runs_on_the_real_node_and_the_conditions_have_a_verdict(serving: Cluster) -> None:
+    for role in ("prefill", "decode", "router"):
+        pods = serving.running(NAMESPACE, selector(role))
+        assert len(pods) == 1, f"{role}: {[p['metadata']['name'] for p in serving.pods(NAMESPACE, selector(role))]}"
+        assert pods[0]["spec"]["nodeName"] == NODE_NAME
+        assert all(s["ready"] and s["restartCount"] == 0 for s in pods[0]["status"]["containerStatuses"])
+    (operator,) = serving.running("duplex-system", "app.kubernetes.io/name=duplex")
+    assert operator["spec"]["nodeName"] == NODE_NAME
+    # The preflight of each engine pod (FabricReady) and the router pod's canary (DisaggregationVerified) report
+    # from the pods themselves: on the fake fleet both stay Unknown for ever.
+    for kind in ("FabricReady", "DisaggregationVerified"):
+        assert serving.condition(kind)["status"] == "True", serving.condition(kind)
+
+
+def test_the_router_pod_found_the_engine_pods_through_endpointslices(serving: Cluster) -> None:
+    (router,) = serving.running(NAMESPACE, selector("router"))
+    with urllib.request.urlopen(f"http://{router['status']['podIP']}:{ADMIN_PORT}/ready", timeout=10) as resp:
+        ready = json.loads(resp.read())
+    for role in ("prefill", "decode"):
+        ips = {p["status"]["podIP"] for p in serving.running(NAMESPACE, selector(role))}
+        listed = {e["url"].split("//")[1].split(":")[0] for e in ready[role]["endpoints"] if e["healthy"]}
+        assert listed == ips, (role, ready[role])
+
+
+def test_a_conversation_through_the_service_reuses_decode_s_kv(serving: Cluster) -> None:
+    chat, counters = Chat(serving), Counters(serving)
+    chat.turn()
+    before_hits, before_external = counters.router("duplex_router_kv_reuse_hits_total"), counters.external()
+    chat.turn()
+    chat.turn()
+    assert counters.router("duplex_router_kv_reuse_hits_total") - before_hits == 2
+    assert counters.external() - before_external > 600, "prefill pods read no tokens back from the decode pod"
+    assert counters.corrupt() == 0
+    # The router pod measured those reads off the engines' own NIXL counters: KVTransferHealthy gets its verdict (on
+    # a CPU pair, UCX reads at 100 MB/s or more, none failed).
+    try:
+        serving.wait_condition("KVTransferHealthy", 120)
+    except AssertionError as err:
+        reports = serving.json("-n", NAMESPACE, "get", "configmap", f"{SERVING}-fabric").get("data")
+        (router,) = counters.engines("router")
+        with urllib.request.urlopen(f"http://{router['status']['podIP']}:{ADMIN_PORT}/ready", timeout=10) as resp:
+            fabric = json.loads(resp.read()).get("fabric")
+        raise AssertionError(f"{err}\nthe routers' reports: {reports}\nthe router's fabric now: {fabric}") from None
+
+
+def test_an_engine_pod_deleted_mid_conversation_leaves_a_correct_recompute(serving: Cluster) -> None:
+    chat, counters = Chat(serving), Counters(serving)
+    chat.turn()
+    chat.turn()
+    (decode,) = counters.engines("decode")
+    serving.kubectl("-n", NAMESPACE, "delete", "pod", decode["metadata"]["name"], "--wait=true", timeout=180)
+    wait_for(lambda: counters.engines("decode"), 180, "a new decode pod Ready")
+    wait_for(lambda: serving.condition("Ready").get("status") == "True", 120, "the serving Ready again")
+    gone = counters.router("duplex_router_kv_reuse_misses_total", reason="endpoint_gone")
+    external = counters.external()
+    chat.turn()  # the blocks died with the pod: the router must not replay them
+    assert counters.router("duplex_router_kv_reuse_misses_total", reason="endpoint_gone") == gone + 1
+    assert counters.external() == external
+    chat.turn()  # and the conversation binds to the new decode pod
+    assert counters.external() > external
+
+
+def test_operator_and_router_pods_restarted_keep_serving(serving: Cluster) -> None:
+    chat, counters = Chat(serving), Counters(serving)
+    chat.turn()
+    (operator,) = serving.running("duplex-system", "app.kubernetes.io/name=duplex")
+    (router,) = counters.engines("router")
+    for namespace, pod in (("duplex-system", operator), (NAMESPACE, router)):
+        serving.kubectl("-n", namespace, "delete", "pod", pod["metadata"]["name"], "--wait=true", timeout=180)
+    wait_for(lambda: serving.running("duplex-system", "app.kubernetes.io/name=duplex"), 180, "a new operator pod")
+    wait_for(lambda: counters.engines("router"), 180, "a new router pod Ready")
+    wait_for(lambda: serving.condition("Ready").get("status") == "True", 120, "the serving Ready again")
+    # The memory store went with the router pod: the next turn is a correct recompute, the one after reuses.
+    chat.turn()
+    started = time.monotonic()
+    hits = counters.router("duplex_router_kv_reuse_hits_total")
+    chat.turn()
+    assert counters.router("duplex_router_kv_reuse_hits_total") == hits + 1, time.monotonic() - started
