@@ -21,7 +21,7 @@ from typing import Any
 from duplex_dev import processes
 from duplex_dev.launch.engine_key import DEV_ENGINE_AUTH
 from duplex_dev.launch.router import RouterProcess
-from duplex_dev.launch.vllm import Change, VllmEngine
+from duplex_dev.launch.vllm import Change, VllmEngine, served_model
 
 EXTERNAL = "vllm:prompt_tokens_by_source_total"
 
@@ -131,7 +131,7 @@ def chat_body(
     messages: list[dict[str, Any]], max_tokens: int, tools: list[dict[str, Any]], tool_choice: str, salt: str
 ) -> dict[str, Any]:
     return {
-        "model": "Qwen",
+        "model": served_model(),
         "messages": messages,
         "tools": tools,
         "tool_choice": tool_choice,

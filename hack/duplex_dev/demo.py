@@ -2,9 +2,10 @@
 installed with its Helm chart (the operator as a pod), examples/local.yaml applied, and its router and engine pods
 running on the node; then a live multi-turn agentic chat through the router's Service, against the engine simulator
 (the image's `vllm` command) moving KV blocks over real NIXL between the pods, with the tokens read back counted by
-the engine pods. `--engines vllm` (`make run ENGINES=vllm`) applies the seed instead, to the fake fleet, and runs the
-chat on two real vLLM CPU engines as host processes, with the command lines the operator rendered for it: vLLM's CPU
-build is 6.5 GB, an image of it is not worth building and importing on every fresh machine."""
+the engine pods. `--engines vllm` (`make run ENGINES=vllm`) places the same example on the fake fleet's CPU nodes
+instead, and runs the chat on two real vLLM CPU engines as host processes, with the command lines the operator
+rendered for it: vLLM's CPU build is 6.5 GB, an image of it is not worth building and importing on every fresh
+machine."""
 
 from __future__ import annotations
 
@@ -109,6 +110,18 @@ def simulated_costs(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+FAKE_CPU_NODES = {"node.kubernetes.io/instance-type": "m7i.4xlarge"}  # tests/fixtures/fake-nodes.yaml
+
+
+def on_fake_fleet(doc: dict[str, Any]) -> dict[str, Any]:
+    """The example's pods placed on the fake fleet's CPU nodes: with `--engines vllm` the engines that serve are host
+    processes running what the operator rendered, and the node stays free for them."""
+    out = json.loads(json.dumps(doc))
+    for part in ("prefill", "decode", "router"):
+        out["spec"].setdefault(part, {})["nodeSelector"] = dict(FAKE_CPU_NODES)
+    return out
+
+
 def wait_condition(cluster: LocalCluster, serving: str, kind: str, timeout: float = 300.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     last = ""
@@ -177,8 +190,8 @@ def wait_for_canary(url: str, timeout: float = 300.0) -> dict[str, Any]:
 class Engines:
     """Real vLLM CPU engines as host processes (`--engines vllm`), and what to read off them."""
 
-    def __init__(self, kind: str, preset: str):
-        self.kind, self.preset = kind, preset
+    def __init__(self, kind: str, preset: str, example: Path):
+        self.kind, self.preset, self.example = kind, preset, example
         self.prefill: Any = None
         self.decode: Any = None
         self.model = "sim"
@@ -189,10 +202,11 @@ class Engines:
 
         say(
             f"starting real vLLM CPU engines ({self.preset} model) with the command lines the operator rendered "
-            "for the seed, changed only by the CPU substitutions (60-90 s on 2 cores)"
+            f"for {self.example.relative_to(ROOT)}, changed only by the host substitutions (60-90 s on 2 cores)"
         )
         # Prefill without its own prefix cache, as in the upstream blog's benchmark: every reused token is read.
-        with vllm_pair(prefill_kw={"prefix_caching": False}, preset=self.preset) as (self.prefill, self.decode):
+        pair = vllm_pair(prefill_kw={"prefix_caching": False}, preset=self.preset, example=str(self.example))
+        with pair as (self.prefill, self.decode):
             self.model = self.prefill.served_model_name
             for engine in (self.prefill, self.decode):
                 changed = ", ".join(c.what for c in engine.changes)
@@ -372,7 +386,7 @@ def host_chat(cluster: LocalCluster, serving: str, turns: int, engines: Engines)
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="duplex-dev demo", description=__doc__)
     parser.add_argument(
-        "--example", type=Path, default=None, help="default: examples/local.yaml, or the seed with vllm"
+        "--example", type=Path, default=ROOT / "examples/local.yaml", help="a CPU example (default: %(default)s)"
     )
     parser.add_argument("--turns", type=int, default=5, help="turns of the live chat")
     parser.add_argument("--down", action="store_true", help="stop the local cluster at the end")
@@ -388,9 +402,7 @@ def main(argv: list[str]) -> int:
         help="the project model the real engines serve (hack/make_model.py): bench makes prefill dominate turn costs",
     )
     args = parser.parse_args(argv)
-    example = (
-        args.example or ROOT / ("examples/local.yaml" if args.engines == "sim" else "examples/seed.yaml")
-    ).resolve()
+    example = args.example.resolve()
     cluster = LocalCluster(real_node=True)
     try:
         say("bringing up the local cluster and its real node (builds or reuses the binaries)")
@@ -398,7 +410,9 @@ def main(argv: list[str]) -> int:
         load_image(cluster)
         install_chart(cluster)
         doc = yaml.safe_load(example.read_text())
-        if args.engines == "sim":
+        if args.engines == "vllm":
+            doc = on_fake_fleet(doc)
+        else:
             doc = simulated_costs(doc)
             say("the engines simulate the compute time fitted to real vLLM CPU engines "
                 f"({SIM_COST_PROFILE.relative_to(ROOT)}), {1 / SIM_TIME_SCALE:g}x faster; prefill keeps no prefix "
@@ -413,7 +427,7 @@ def main(argv: list[str]) -> int:
         if args.engines == "sim":
             cluster_chat(cluster, serving, args.turns)
         else:
-            host_chat(cluster, serving, args.turns, Engines(args.engines, args.preset))
+            host_chat(cluster, serving, args.turns, Engines(args.engines, args.preset, example))
     except (ClusterError, RuntimeError, images.ImageMissing) as err:
         print(f"duplex-dev demo: {err}", file=sys.stderr)
         return 1

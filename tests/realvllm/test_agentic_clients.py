@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from .rig import LONG, Counters, assert_follow_ups_reused, chat, post
+from .rig import LONG, Counters, assert_follow_ups_reused, chat, post, served_model
 
 INTERNALS = (b"kv_transfer_params", b"remote_block_ids", b"remote_engine_id", b"remote_host")
 
@@ -34,7 +34,7 @@ def test_a_responses_client_gets_reuse(engines, router):
     items: list[dict[str, Any]] = [{"role": "user", "content": LONG + uuid.uuid4().hex}]
     before = Counters.read(engines.prefill, router)
     for turn in range(3):
-        body = {"model": "Qwen", "instructions": "Answer briefly.", "input": items, "max_output_tokens": 16,
+        body = {"model": served_model(), "instructions": "Answer briefly.", "input": items, "max_output_tokens": 16,
                 "temperature": 0}  # fmt: skip
         resp = post(router.url + "/v1/responses", body)
         assert resp.status == 200, resp.raw[:1000]
@@ -50,7 +50,13 @@ def test_an_anthropic_messages_client_gets_reuse(engines, router):
     headers = {"x-api-key": "sk-agent", "X-Claude-Code-Session-Id": uuid.uuid4().hex}
     before = Counters.read(engines.prefill, router)
     for turn in range(3):
-        body = {"model": "Qwen", "system": "Answer briefly.", "messages": messages, "max_tokens": 16, "temperature": 0}
+        body = {
+            "model": served_model(),
+            "system": "Answer briefly.",
+            "messages": messages,
+            "max_tokens": 16,
+            "temperature": 0,
+        }
         resp = post(router.url + "/v1/messages", body, headers)
         assert resp.status == 200, resp.raw[:1000]
         no_internals(resp.raw)

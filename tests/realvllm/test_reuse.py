@@ -80,7 +80,7 @@ def test_completions_reuse_equals_recompute(engines, router, model_dir):
 
 
 # vLLM answers 400 to `tools` with the default tool_choice "auto" unless the engine runs with
-# --enable-auto-tool-choice and a --tool-call-parser, which the seed example does not render; "none" still renders
+# --enable-auto-tool-choice and a --tool-call-parser, which the local example does not render; "none" still renders
 # the tools into the prompt, which is what reuse depends on.
 TOOL_CHOICE = "none"
 TOOLS = [

@@ -56,6 +56,25 @@ EXPECTED: dict[str, dict[str, Any]] = {
             "served_model_name": "llama-70b",
         },
     },
+    "examples/local.yaml": {
+        "engines": {"local-prefill", "local-decode"},
+        "model": "Qwen/Qwen3-0.6B",
+        "kv_buffer_device": "cpu",
+        "kv_load_failure_policy": "recompute",
+        "extra": {
+            "backends": ["UCX"],
+            "bidirectional_kv_xfer": True,
+            "kv_recompute_threshold": 64,
+            "decoder_kv_blocks_ttl": 480,
+            "kv_lease_duration": 30,
+        },
+        "engine_config": {
+            "tensor_parallel_size": 1,
+            "block_size": 32,
+            "max_model_len": 32768,
+            "served_model_name": "qwen3-0.6b",
+        },
+    },
 }
 # Checks that must pass for a rendered command line; kv_buffer_device is skipped for out-of-tree (Neuron) devices.
 REQUIRED_CHECKS = (
@@ -78,6 +97,8 @@ def _device(container: dict[str, Any]) -> str | None:
         return "cuda"
     if "aws.amazon.com/neuron" in limits:
         return "neuron"
+    if any(e["name"] == "VLLM_CPU_KVCACHE_SPACE" for e in container.get("env") or []):
+        return "cpu"  # accelerator.type: cpu
     return None
 
 

