@@ -160,8 +160,10 @@ def router_deployment(
             {"name": "admin", "containerPort": ADMIN_PORT, "protocol": "TCP"},
         ],
         "resources": {"requests": dict(amounts), "limits": dict(amounts)},
-        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5},
-        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "failureThreshold": 3},
+        # On the admin port: clients that fill the API port's connection cap must not fail the kubelet's probes
+        # (a liveness restart would drop the memory store's conversations).
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "admin"}, "periodSeconds": 5},
+        "livenessProbe": {"httpGet": {"path": "/health", "port": "admin"}, "periodSeconds": 10, "failureThreshold": 3},
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": 65532,

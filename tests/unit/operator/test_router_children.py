@@ -201,8 +201,9 @@ def test_router_deployment_shape() -> None:
         {"name": "http", "containerPort": 8000, "protocol": "TCP"},
         {"name": "admin", "containerPort": 9090, "protocol": "TCP"},
     ]
-    assert ctr["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
-    assert ctr["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    # the admin port: a client filling the API port's connection cap cannot fail them
+    assert ctr["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "admin"}
+    assert ctr["livenessProbe"]["httpGet"] == {"path": "/health", "port": "admin"}
 
 
 def test_router_mounts_its_configmap_read_only() -> None:

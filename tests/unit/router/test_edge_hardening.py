@@ -122,3 +122,22 @@ async def test_json_nested_too_deep_is_invalid_json(make_rig, depth):
     assert_openai_error(body, 400)
     assert body["error"]["code"] == "invalid_json"
     assert rig.p.seen == [] and rig.d.seen == []
+
+
+async def test_clients_filling_the_api_connection_cap_leave_the_probes_answered(make_rig):
+    # The operator points the kubelet's probes at the admin port (children/router.py): a liveness failure would
+    # restart the router and drop the memory store's conversations.
+    rig = await make_rig(admin_port=0, client_limits={"max_connections": 2})
+    host, port = rig.url.removeprefix("http://").split(":")
+    held = [await asyncio.open_connection(host, int(port)) for _ in range(2)]
+    try:
+        front = front_of(rig)
+        await until(lambda: len(front._conns) == 2, 5.0)
+        async with rig.session.get(rig.url + "/health") as resp:
+            assert resp.status == 503  # the API port is full
+        for path in ("/health", "/ready"):
+            async with rig.session.get(rig.server.admin_url + path) as resp:
+                assert resp.status == 200, path
+    finally:
+        for _, writer in held:
+            writer.close()
