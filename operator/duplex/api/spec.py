@@ -5,6 +5,7 @@ Field descriptions become the CRD's `kubectl explain` text; defaults become sche
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import ConfigDict, Field
@@ -463,10 +464,17 @@ class RedisSpec(Model):
             message="router.store.redis needs exactly one of url or urlSecret",
             holds=lambda r: (r.url is None) != (r.url_secret is None),
         ),
+        # The inline URL lands in the router's ConfigMap, readable by whoever may read ConfigMaps.
+        Rule(
+            cel="!has(self.url) || !self.url.matches('^rediss?://[^/]*@')",
+            message="router.store.redis.url must not carry credentials (user:password@): put the URL in a Secret "
+            "and name it in urlSecret",
+            holds=lambda r: r.url is None or not re.match(r"^rediss?://[^/]*@", r.url),
+        ),
     )
 
     url: Annotated[str, Field(pattern=r"^rediss?://", max_length=1024)] | None = Field(
-        None, description="redis://host:port/db"
+        None, description="redis://host:port/db, without credentials (those go in urlSecret)"
     )
     url_secret: SecretKeyRef | None = Field(None, description="Secret key holding the Redis URL (with credentials).")
 

@@ -206,7 +206,7 @@ VIOLATIONS: dict[str, list[dict[str, Any]]] = {
     "EnvVar": [{"name": "X", "value": "x", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
     "KVTransferSpec": [{"recomputeThreshold": "auto"}, {"sideChannelPort": 8000}],
     "RecomputeCalibrationSpec": [{"initial": 8}],
-    "RedisSpec": [{}],
+    "RedisSpec": [{}, {"url": "redis://duplex:hunter2@redis:6379/0"}],
     "StoreSpec": [{"type": "redis"}],
     "RouterSpec": [{"memory": "128Mi"}, {"replicas": 2}],
     "ModelSpec": [{"extraArgs": ["--enforce-eager", flags[0], "1"]} for flags, _ in OWNED_FLAGS],

@@ -321,7 +321,7 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
         )
     )
     if router_replicas > 1 and redis is None:
-        redis = {"url": "rediss://user:pw@redis:6380"}
+        redis = {"url": "rediss://redis:6380"}
     spec: dict[str, Any] = {
         "model": draw(
             st.fixed_dictionaries(

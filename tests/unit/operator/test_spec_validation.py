@@ -349,11 +349,21 @@ def test_redis_needs_exactly_one_of_url_and_url_secret(redis: dict[str, Any]) ->
 
 
 @pytest.mark.parametrize(
-    "redis", [{"url": "redis://r:6379/0"}, {"url": "rediss://user:pw@r:6380"}, {"urlSecret": {"name": "s", "key": "k"}}]
+    "redis", [{"url": "redis://r:6379/0"}, {"url": "rediss://r:6380"}, {"urlSecret": {"name": "s", "key": "k"}}]
 )
 def test_redis_with_one_source_accepted(redis: dict[str, Any]) -> None:
     parsed = spec({"router": {"store": {"type": "redis", "redis": redis}}})
     assert parsed.router.store.redis is not None
+
+
+@pytest.mark.parametrize("url", ["rediss://user:pw@r:6380", "redis://:pw@r:6379/0", "redis://default@r"])
+def test_an_inline_redis_url_never_carries_credentials(url: str) -> None:
+    # It would be rendered into the router's ConfigMap; urlSecret is the place for a password.
+    body = spec_dict({"router": {"store": {"type": "redis", "redis": {"url": url}}}})
+    assert errors_of(body) == [
+        "spec.router.store.redis: router.store.redis.url must not carry credentials (user:password@): put the URL "
+        "in a Secret and name it in urlSecret"
+    ]
 
 
 def test_conversation_keyed_by_id_needs_body_field_or_header() -> None:
