@@ -27,7 +27,7 @@ from typing import Any
 
 from duplex_sidecars import protocol
 from duplex_sidecars.router import attempts, jsonio, legs, reuse
-from duplex_sidecars.router.attempts import BROKEN, CONNECT, STATUS_4XX, TIMEOUT
+from duplex_sidecars.router.attempts import BROKEN, CONNECT, STATUS_4XX, STATUS_5XX, TIMEOUT
 from duplex_sidecars.router.calibration import Calibration
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.endpoints import DECODE, PREFILL, Engine, Engines
@@ -432,6 +432,16 @@ class EngineError(RouterError):
         )
 
 
+# What a client reads of a leg's failure: its kind, never its detail, which can name an engine's address (a connect
+# error's "Cannot connect to host 198.18.0.7:8000") or its software. The detail goes to the log and the engine's health.
+CLIENT_REASONS = {
+    CONNECT: "unreachable",
+    TIMEOUT: "timed out",
+    STATUS_5XX: "server error",
+    BROKEN: "connection lost or reply unreadable",
+}
+
+
 def leg_error(leg: str, failures: list[LegFailure]) -> RouterError:
     """The client's error after a leg gave up."""
     last = failures[-1]
@@ -441,4 +451,5 @@ def leg_error(leg: str, failures: list[LegFailure]) -> RouterError:
         return BackendUnavailable(f"No {leg} engine could be reached.")
     if last.kind == TIMEOUT:
         return RouterError(f"The {leg} engine timed out.", status=504, type="timeout")
-    return BackendFailed(f"The {leg} engine failed ({last.detail}).")
+    reason = f"HTTP {last.status}" if last.status else CLIENT_REASONS.get(last.kind, "error")
+    return BackendFailed(f"The {leg} engine failed ({reason}).")

@@ -11,6 +11,10 @@ from collections.abc import Callable
 
 import pytest
 
+from duplex_sidecars.router.attempts import BROKEN, CONNECT, STATUS_5XX
+from duplex_sidecars.router.legs import LegFailure
+from duplex_sidecars.router.pipeline import leg_error
+
 from .test_bad_input import assert_openai_error
 from .test_client_auth import keys_dir
 
@@ -141,3 +145,23 @@ async def test_clients_filling_the_api_connection_cap_leave_the_probes_answered(
     finally:
         for _, writer in held:
             writer.close()
+
+
+@pytest.mark.parametrize(
+    "failures,reason",
+    [
+        (
+            [(STATUS_5XX, "HTTP 500", 500), (CONNECT, "Cannot connect to host 198.18.0.7:8000 ssl:default", None)],
+            "unreachable",
+        ),
+        (
+            [(BROKEN, "ClientOSError: [Errno 104] reset by peer 198.18.0.7:8000", None)],
+            "connection lost or reply unreadable",
+        ),
+        ([(STATUS_5XX, "HTTP 401: the engine refused the router's engine key", None)], "server error"),
+    ],
+)
+def test_a_failed_leg_tells_the_client_its_kind_never_an_engine_address(failures, reason):
+    err = leg_error("decode", [LegFailure(kind, detail, status=status) for kind, detail, status in failures])
+    assert "198.18" not in err.message and "engine key" not in err.message
+    assert err.message == f"The decode engine failed ({reason})." and err.status == 502
