@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -90,11 +91,16 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def tenant_of(header_value: str | None) -> str:
-    """The tenant a request belongs to: a digest of its tenant header, or the anonymous tenant."""
-    if not header_value:
+def key_tenant(name: str) -> str:
+    """The tenant of a client key (client_auth): its name, in a domain that no header tenant can reach."""
+    return _key(b"tenant-key", name)
+
+
+def header_tenant(values: Sequence[str | None]) -> str:
+    """The tenant of a request without a client key: a digest of its tenant headers, or the anonymous tenant."""
+    if not any(values):
         return ANONYMOUS_TENANT
-    return _sha(b"tenant\0" + header_value.encode("utf-8", "surrogatepass"))
+    return _key(b"tenant-headers", *(v or "" for v in values))
 
 
 def _key(tag: bytes, *parts: str) -> str:

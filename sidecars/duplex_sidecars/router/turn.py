@@ -18,11 +18,12 @@ from duplex_sidecars.router.exchange import Exchange
 from duplex_sidecars.router.history import (
     Covered,
     History,
+    header_tenant,
     history_base,
     history_key,
+    key_tenant,
     scope_digest,
     state_key,
-    tenant_of,
 )
 
 MAX_CONVERSATION_ID_CHARS = 1024
@@ -132,10 +133,10 @@ def parse_turn(
     check_fields(api.checks, body, _bad_request)
     conversation_id = conversation_of(request, body, conversation)
     if client is not None:
-        tenant = tenant_of("client\0" + client)  # the key's tenant, whatever else the headers say
+        tenant = key_tenant(client)  # the key's tenant, whatever else the headers say
     else:
         credentials = [_single_header(request, name) for name in (conversation.tenant_header, *api.tenant_headers)]
-        tenant = tenant_of("\0".join(c or "" for c in credentials) if any(credentials) else None)
+        tenant = header_tenant(credentials)
     sessions = [_single_header(request, name) or "" for name in conversation.session_headers]
     # Only the router decides what an engine reads or retains; a client must never steer it.
     body.pop(KV_PARAMS_FIELD, None)

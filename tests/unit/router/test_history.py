@@ -14,12 +14,13 @@ from duplex_sidecars.router.history import (
     COMPLETIONS_ROUTE,
     History,
     Reply,
+    header_tenant,
+    key_tenant,
     normalize_message,
     reply_not_storable,
     request_not_storable,
     scope_digest,
     state_key,
-    tenant_of,
 )
 
 text = st.text(min_size=0, max_size=30)
@@ -238,17 +239,25 @@ def test_tool_only_turn_content_null_or_empty_is_the_same():
 
 
 def test_keys_are_tenant_model_and_conversation_scoped_and_hashed():
-    t = tenant_of("Bearer secret")
-    assert "secret" not in t and t != ANONYMOUS_TENANT and tenant_of(None) == ANONYMOUS_TENANT
+    t = header_tenant(["Bearer secret"])
+    assert "secret" not in t and t != ANONYMOUS_TENANT and header_tenant([None, None]) == ANONYMOUS_TENANT
     keys = {
         state_key(t, "m", "c"),
-        state_key(tenant_of("Bearer other"), "m", "c"),
+        state_key(header_tenant(["Bearer other"]), "m", "c"),
         state_key(t, "m2", "c"),
         state_key(t, "m", "c2"),
         state_key(ANONYMOUS_TENANT, "m", "c"),
     }
     assert len(keys) == 5
     assert all(len(k) == 64 for k in keys)
+
+
+def test_header_tenants_cannot_alias_a_client_key_tenant_or_each_other():
+    # Before: a key tenant was the digest of "client\0" + name and a header tenant that of its values joined by NUL,
+    # so the headers ("client", "alice") named the tenant of the key called alice.
+    assert header_tenant(["client", "alice"]) != key_tenant("alice")
+    assert header_tenant(["a\0b", ""]) != header_tenant(["a", "b"])
+    assert header_tenant(["x", None]) == header_tenant(["x", ""]) != header_tenant(["", "x"])
 
 
 @settings(max_examples=50)
