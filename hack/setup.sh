@@ -44,7 +44,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 if [ "$LEVEL" = run ]; then
-  step "local cluster binaries: control plane, kwok, helm, the real node (cold: about 20 min on 2 cores)"
+  step "local cluster binaries: control plane, kwok, helm, the real node (cold: about 10 min on 2 cores)"
   DUPLEX_TOOLS=run bash hack/build-tools.sh > "$CACHE/tools-dir.txt"
 else
   step "local cluster binaries and the chart's checkers (cold: about 28 min on 2 cores)"

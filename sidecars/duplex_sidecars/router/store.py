@@ -11,6 +11,7 @@ only when a hit replays them: a 32k-token history's 2048 block ids as Python int
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 EXPIRED_GRACE_SECONDS = 60.0
 
 ENDPOINT_GONE = "endpoint_gone"
+DROP_BATCH = 1000  # keys of an endpoint's Redis index read per round trip when it is dropped
 NOT_REPLAYABLE = "not_replayable"
 
 # What an entry costs in the memory store besides its blob: the key, its row, two digests, the slots in the store's
@@ -503,7 +505,8 @@ class RedisStore:
         return self._prefix + key
 
     def _endpoint_key(self, url: str) -> str:
-        return self._prefix + "ep:" + hashlib.sha256(url.encode()).hexdigest()[:32]
+        # "epz:", a sorted set; routers before it kept a plain set under "ep:", which expires on its own.
+        return self._prefix + "epz:" + hashlib.sha256(url.encode()).hexdigest()[:32]
 
     async def _run(self, op: str, fn: Callable[[], Any]) -> Any:
         now = time.monotonic()
@@ -528,10 +531,15 @@ class RedisStore:
         value = entry.to_bytes()
         endpoint_key = self._endpoint_key(entry.decode_url)
 
+        now_ms = int(time.time() * 1000)
+
         async def op() -> None:
+            # The endpoint's index scores each key by when it can no longer exist; each put prunes what has passed
+            # (taken or expired), so the index holds at most the entries written within one TTL, in one round trip.
             pipe = self._redis.pipeline(transaction=False)
             pipe.set(self._key(key), value, px=keep_ms)
-            pipe.sadd(endpoint_key, key)
+            pipe.zadd(endpoint_key, {key: now_ms + keep_ms})
+            pipe.zremrangebyscore(endpoint_key, "-inf", now_ms)
             pipe.pexpire(endpoint_key, keep_ms)
             await pipe.execute()
 
@@ -547,23 +555,31 @@ class RedisStore:
         return entry
 
     async def drop_endpoint(self, url: str) -> int:
+        """Turn the endpoint's entries into tombstones, DROP_BATCH keys per round trip (never the whole index in one
+        reply), then delete its index."""
         endpoint_key = self._endpoint_key(url)
-        members = await self._run("drop_endpoint", lambda: self._redis.smembers(endpoint_key))
-        if not members:
-            return 0
         tomb = Entry(decode_url=url, reason=ENDPOINT_GONE, expires_at=time.time()).to_bytes()
+        dropped = 0
 
-        async def op() -> list[Any]:
+        async def batch(start: int) -> tuple[int, bool]:
+            reply = await self._redis.zrangebyscore(
+                endpoint_key, int(time.time() * 1000), "+inf", start=start, num=DROP_BATCH
+            )
+            members = cast(list[bytes], reply)  # the client does not decode responses
             pipe = self._redis.pipeline(transaction=False)
             for member in members:
-                name = member.decode() if isinstance(member, bytes) else member
+                name = member.decode()
                 # XX + KEEPTTL: only entries still present turn into tombstones, and they keep their expiry.
                 pipe.set(self._key(name), tomb, xx=True, keepttl=True)
-            pipe.delete(endpoint_key)
-            return await pipe.execute()
+            results = await pipe.execute() if members else []
+            return sum(1 for r in results if r), len(members) == DROP_BATCH
 
-        results = await self._run("drop_endpoint", op)
-        return sum(1 for r in results[:-1] if r)
+        start, more = 0, True
+        while more:
+            count, more = await self._run("drop_endpoint", functools.partial(batch, start))
+            dropped, start = dropped + count, start + DROP_BATCH
+        await self._run("drop_endpoint", lambda: self._redis.delete(endpoint_key))
+        return dropped
 
     async def size(self) -> int | None:
         # Counting means a SCAN over the prefix; do it at most every 30 s.
@@ -574,7 +590,8 @@ class RedisStore:
         async def op() -> int:
             count = 0
             async for name in self._redis.scan_iter(match=self._prefix + "*", count=1000):
-                if not (name.decode() if isinstance(name, bytes) else name).startswith(self._prefix + "ep:"):
+                # entry keys are hex digests: a name going on with "ep" is an endpoint index
+                if not (name.decode() if isinstance(name, bytes) else name).startswith(self._prefix + "ep"):
                     count += 1
             return count
 

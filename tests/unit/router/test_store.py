@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from duplex_sidecars import protocol
+from duplex_sidecars.router import store as store_module
 from duplex_sidecars.router.history import Covered
 from duplex_sidecars.router.store import (
     ENDPOINT_GONE,
@@ -150,6 +151,45 @@ async def test_redis_ttl(redis_server):
         kept = await s._redis.pttl("ttl:k2")
         assert 0 < kept <= (0.2 + EXPIRED_GRACE_SECONDS) * 1000
         assert await s.size() == 1
+    finally:
+        await s.close()
+
+
+@pytest.mark.redis
+async def test_the_redis_endpoint_index_holds_only_what_can_still_exist(redis_server, monkeypatch):
+    # Before: keys were added to a set per endpoint and never removed, and each put renewed the set's expiry, so a
+    # busy endpoint's index grew for ever. Now each put prunes what has expired or been taken since.
+    s = RedisStore(redis_server.url, "idx:", op_timeout=10.0, error_backoff=0.0)
+    clock = [time.time()]
+    monkeypatch.setattr(store_module.time, "time", lambda: clock[0])
+    try:
+        for i in range(50):
+            await s.put(f"old{i}", entry(D1), ttl=60)
+        await s.take("old0")
+        index = s._endpoint_key(D1)
+        assert await s._redis.zcard(index) == 50
+        clock[0] += 60 + EXPIRED_GRACE_SECONDS + 1  # every old entry is past its last possible moment
+        await s.put("new", entry(D1), ttl=60)
+        assert [m.decode() for m in await s._redis.zrange(index, 0, -1)] == ["new"]
+    finally:
+        await s.close()
+
+
+@pytest.mark.redis
+async def test_dropping_a_redis_endpoint_reads_its_index_in_batches(redis_server, monkeypatch):
+    monkeypatch.setattr(store_module, "DROP_BATCH", 3)
+    s = RedisStore(redis_server.url, "drop:", op_timeout=10.0, error_backoff=0.0)
+    try:
+        for i in range(7):
+            await s.put(f"k{i}", entry(D1), ttl=60)
+        await s.put("other", entry(D2), ttl=60)
+        await s.take("k3")
+        assert await s.drop_endpoint(D1) == 6
+        assert not await s._redis.exists(s._endpoint_key(D1))
+        for i in (0, 1, 2, 4, 5, 6):
+            gone = await s.take(f"k{i}")
+            assert gone is not None and gone.reason == ENDPOINT_GONE
+        assert (await s.take("other")).params is not None
     finally:
         await s.close()
 
