@@ -133,6 +133,10 @@ class EnginePool:
     def get(self, url: str | None) -> Engine | None:
         return self.engines.get(url) if url else None
 
+    def unhealthy_urls(self) -> frozenset[str]:
+        """Engines whose probe or last leg failed (not those not probed yet)."""
+        return frozenset(url for url, e in self.engines.items() if e.healthy is False)
+
     def healthy_count(self) -> int:
         return sum(1 for e in self.engines.values() if e.healthy)
 

@@ -14,6 +14,7 @@ MISS_REASONS: tuple[str, ...] = (
     "history_mismatch",
     "scope_mismatch",
     "endpoint_gone",
+    "endpoint_unhealthy",
     "store_error",
     "not_replayable",
     "prefill_retry",

@@ -135,7 +135,8 @@ async def lookup(deps: Deps, turn: Turn) -> reuse.Decision:
         else:
             if entry is not None:
                 observe_store_bytes(deps)
-        decision = reuse.decide(turn, entry, deps.engines.decode, deps.config.reuse.min_tokens)
+        decode = deps.engines.decode
+        decision = reuse.decide(turn, entry, decode, deps.config.reuse.min_tokens, decode.unhealthy_urls())
     if not decision.hit:
         deps.metrics.miss(decision.reason or "no_entry")
     log.debug(

@@ -22,6 +22,7 @@ NO_PARAMS = "no_params"  # decode sent no kv_transfer_params (not started with b
 STREAM_NO_PARAMS = "stream_no_params"  # ... in a streamed answer (vLLM before 0.33 streams none)
 REASONING = "reasoning"  # the reply carried reasoning, which the next prompt drops
 BELOW_THRESHOLD = "below_threshold"  # fewer reusable tokens than reuse.min_tokens: recomputing them is cheaper
+ENDPOINT_UNHEALTHY = "endpoint_unhealthy"  # the decode engine holding the blocks is marked unhealthy
 
 
 class _StoreFailed:
@@ -62,10 +63,16 @@ def needs_lookup(turn: Turn) -> Decision | None:
 
 
 def decide(
-    turn: Turn, entry: Entry | _StoreFailed | None, decode_endpoints: Container[str], min_tokens: int = 0
+    turn: Turn,
+    entry: Entry | _StoreFailed | None,
+    decode_endpoints: Container[str],
+    min_tokens: int = 0,
+    unhealthy: Container[str] = (),
 ) -> Decision:
     """Replay or miss for a turn whose entry was taken from the store (single use: it is gone from the store now).
-    Fewer than `min_tokens` reusable tokens are cheaper to recompute (router config reuse.min_tokens)."""
+    Fewer than `min_tokens` reusable tokens are cheaper to recompute (router config reuse.min_tokens). Blocks held by
+    a decode engine marked `unhealthy` are not read: prefill would wait out the replay timeout on an engine that
+    failed its probe or its last leg, then recompute anyway."""
     early = needs_lookup(turn)
     if early is not None:
         return early
@@ -81,6 +88,8 @@ def decide(
         return _miss("expired", sticky, prefill)
     if entry.decode_url not in decode_endpoints:
         return _miss(ENDPOINT_GONE, None, prefill)
+    if entry.decode_url in unhealthy:
+        return _miss(ENDPOINT_UNHEALTHY, None, prefill)
     if entry.scope != turn.scope:
         return _miss("scope_mismatch", sticky, prefill)
     assert turn.history is not None  # needs_lookup

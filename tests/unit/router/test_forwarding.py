@@ -465,6 +465,22 @@ async def test_departed_decode_engine_drops_its_entries(make_rig):
     assert rig.metric("duplex_router_kv_reuse_hits_total") == 4 - len(gone.seen)
 
 
+async def test_blocks_on_a_decode_engine_marked_unhealthy_are_recomputed_not_read(make_rig):
+    # Before: the replay went out, and prefill waited out the replay timeout on the failing engine.
+    rig = await make_rig(n_decode=2)
+    texts = {conv: (await rig.chat([USER], conv=conv))[2] for conv in ("a", "b", "c", "d")}
+    sick = rig.router.engines.decode.get(rig.decode[0].url)
+    assert sick is not None
+    rig.router.engines.decode.mark(sick, False, "health probe failed")
+    for conv, text in texts.items():
+        history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+        await rig.chat(history, conv=conv)
+    held = len(rig.decode[0].seen)
+    assert held and rig.metric("duplex_router_kv_reuse_misses_total", reason="endpoint_unhealthy") == held
+    assert rig.metric("duplex_router_kv_reuse_hits_total") == 4 - held
+    assert len(rig.decode[0].seen) == held  # nothing more went to the unhealthy engine
+
+
 async def test_ready_health_models_metrics(make_rig):
     rig = await make_rig()
     async with rig.session.get(rig.url + "/health") as r:

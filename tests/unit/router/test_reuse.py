@@ -116,6 +116,12 @@ def test_the_exact_continuation_replays_decodes_blocks():
     assert decision.tokens == 40
 
 
+def test_blocks_on_an_unhealthy_decode_engine_are_not_read():
+    decision = reuse.decide(turn(FOLLOW_UP), stored_entry(), {D1, D2}, 0, unhealthy={D1})
+    assert not decision.hit and decision.reason == "endpoint_unhealthy" and decision.sticky_decode is None
+    assert reuse.decide(turn(FOLLOW_UP), stored_entry(), {D1, D2}, 0, unhealthy={D2}).hit
+
+
 @pytest.mark.parametrize("min_tokens, hit", [(0, True), (40, True), (41, False)])
 def test_fewer_reusable_tokens_than_the_threshold_are_recomputed(min_tokens, hit):
     decision = reuse.decide(turn(FOLLOW_UP), stored_entry(), {D1}, min_tokens)  # the entry holds 40 tokens
