@@ -12,6 +12,7 @@ from duplex.api.naming import NAME_RULE
 from duplex.api.rules import RuleViolation
 from duplex.api.spec import DisaggregatedServingSpec
 from duplex.children.engine import ROLES, engine_deployment
+from duplex.children.engine_guard import engine_guard_configmap
 from duplex.children.engine_key import engine_key_secret
 from duplex.children.network_policy import network_policies
 from duplex.children.router import fabric_configmap, router_configmap, router_deployment, router_rbac
@@ -106,6 +107,7 @@ def desired_children(
         *router_rbac(name, ns),
         router_configmap(spec, name, ns, auto_threshold),
         fabric_configmap(name, ns),
+        engine_guard_configmap(name, ns),
     ]
     for role in ROLES:
         objs.append(engine_service(spec, name, ns, role))

@@ -83,6 +83,18 @@ def _render(example: str) -> str:
 
 
 @cache
+def guard_dir(example: str = EXAMPLE) -> Path:
+    """The engine guard's ConfigMap as rendered for `example`, written to a directory as the pod's mount holds it."""
+    for obj in yaml.safe_load_all(_render(example)):
+        if obj and obj.get("kind") == "ConfigMap" and obj["metadata"]["name"].endswith("-guard"):
+            out = Path(tempfile.mkdtemp(prefix="duplex-engine-guard-"))
+            for name, text in obj["data"].items():
+                (out / name).write_text(text)
+            return out
+    raise LaunchError(f"duplex render -f {example} has no engine guard ConfigMap")
+
+
+@cache
 def rendered_engine(role: str, example: str = EXAMPLE) -> Rendered:
     for obj in yaml.safe_load_all(_render(example)):
         if not obj or obj.get("kind") != "Deployment":
@@ -156,6 +168,7 @@ class Local:
     host: str
     port: int
     side_channel_port: int
+    guard_dir: Path  # the engine guard's module, as the pod mounts it from its ConfigMap
 
 
 @dataclass(frozen=True)
@@ -282,6 +295,11 @@ HOST_SUBSTITUTIONS: tuple[Substitution, ...] = (
         _env(ENGINE_ENV, lambda lo: DEV_ENGINE_KEY),
     ),
     Substitution(
+        "PYTHONPATH",
+        "the engine guard's ConfigMap mount exists only in a pod; its rendered file, written to a directory",
+        _env("PYTHONPATH", lambda lo: lo.guard_dir),
+    ),
+    Substitution(
         "env valueFrom",
         "secretKeyRef/fieldRef entries resolve only in a cluster (HF_TOKEN: the local model needs no token)",
         _drop_env_from,
@@ -379,7 +397,7 @@ class VllmEngine:
         self.python = models.cpu_python()
         self.model_dir = models.model_dir(preset)
         max_len = int(json.loads((self.model_dir / "config.json").read_text())["max_position_embeddings"])
-        local = Local(self.model_dir, max_len, host, self.port, self.side_channel_port)
+        local = Local(self.model_dir, max_len, host, self.port, self.side_channel_port, guard_dir(example))
         self.rendered = rendered_engine(role, example)
         extra = overrides(kv_extra, prefix_caching, engine_key)
         self.cmd, self.changes = cpu_command(self.rendered, local, extra)

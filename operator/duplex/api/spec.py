@@ -265,7 +265,7 @@ class NetworkPolicySpec(Model):
     metrics_namespaces: Annotated[list[NamespaceName], Field(max_length=32)] = Field(
         ["monitoring"],
         description="Namespaces whose pods (e.g. Prometheus') may reach the engines' HTTP port, where vLLM serves "
-        "/metrics (/v1 stays guarded by the engine API key), and the router's admin port (its /metrics and "
+        "/metrics (every other path needs the engine API key), and the router's admin port (its /metrics and "
         "/ready's detail). [] leaves the engines to the router and the admin port to kubelet.",
     )
 

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from duplex.api.spec import DisaggregatedServingSpec, RoleSpec
-from duplex.children import efa, engine_key, preflight
+from duplex.children import efa, engine_guard, engine_key, preflight
 from duplex.children.kinds import DEPLOYMENT
 from duplex.children.kv_config import kv_transfer_json
 from duplex.children.labels import ENGINE_HASH_ANNOTATION, HTTP_PORT, child_name, labels, selector
@@ -44,6 +44,7 @@ def vllm_args(spec: DisaggregatedServingSpec, role: EngineRole) -> list[str]:
     if model.reasoning_parser is not None:
         args += ["--reasoning-parser", model.reasoning_parser]
     args += ["--kv-transfer-config", kv_transfer_json(spec, role.name)]
+    args += engine_guard.args()  # the engine key on every path but /health and /metrics
     return args + list(model.extra_args) + list(role.spec.extra_args)
 
 
@@ -54,6 +55,7 @@ def _env(spec: DisaggregatedServingSpec, role: RoleSpec, serving: str) -> list[d
         # NIXL's side channel must advertise the pod IP: the peer engine connects to it directly.
         {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(spec.kv_transfer.side_channel_port)},
+        *engine_guard.env(),
     ]
     if spec.model.hf_token_secret:
         ref = spec.model.hf_token_secret
@@ -66,9 +68,9 @@ def _env(spec: DisaggregatedServingSpec, role: RoleSpec, serving: str) -> list[d
     return [e for e in out if e["name"] not in overridden] + user
 
 
-def _volumes(spec: DisaggregatedServingSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    volumes = [efa.shm_volume(spec)]
-    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+def _volumes(spec: DisaggregatedServingSpec, serving: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes = [efa.shm_volume(spec), engine_guard.volume(serving)]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}, engine_guard.mount()]
     cache = spec.model.cache
     if cache:
         if cache.pvc:
@@ -92,7 +94,7 @@ def _probes() -> dict[str, Any]:
 
 
 def engine_container(spec: DisaggregatedServingSpec, role: EngineRole, serving: str) -> dict[str, Any]:
-    _, mounts = _volumes(spec)
+    _, mounts = _volumes(spec, serving)
     return {
         "name": "vllm",
         "image": spec.model.image,
@@ -120,7 +122,7 @@ def engine_deployment(
 ) -> dict[str, Any]:
     """The Deployment of the role named `role_name` (prefill or decode)."""
     role = EngineRole.of(spec, role_name)
-    volumes, _ = _volumes(spec)
+    volumes, _ = _volumes(spec, serving)
     engine = engine_container(spec, role, serving)
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,  # engines never talk to the API server

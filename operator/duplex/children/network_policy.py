@@ -1,8 +1,8 @@
 """NetworkPolicies of one serving: nobody reaches the engines but its router.
 
 * Engines (one policy per role): the HTTP port only from this serving's router pods, and from the pods of
-  `network.networkPolicy.metricsNamespaces` (vLLM serves /metrics on the same port; /v1 stays guarded by the engine
-  key); the NIXL side channel and transport only from the other role's pods of this serving (prefill reads decode's
+  `network.networkPolicy.metricsNamespaces` (vLLM serves /metrics on the same port; every path but /health and
+  /metrics needs the engine key: vLLM guards /v1, the engine guard (engine_guard.py) the rest); the NIXL side channel and transport only from the other role's pods of this serving (prefill reads decode's
   blocks back, decode reads prefill's). UCX's TCP transport listens on ports it picks at run time, so the transport
   rule opens every port but HTTP to the peer role, and only to it.
 * Router: its API port open to everyone (it is the API edge); its admin port (/metrics, /ready's detail: the

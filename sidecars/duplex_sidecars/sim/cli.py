@@ -58,6 +58,11 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("VLLM_API_KEY") or None,
         help="refuse /v1/* without this Bearer token (401), as vLLM does; default: $VLLM_API_KEY",
     )
+    p.add_argument(
+        "--key-on-every-path",
+        action="store_true",
+        help="require the key on every path but /health and /metrics, as duplex's engine guard does in vLLM",
+    )
     p.add_argument("--model", "--served-model-name", dest="model", default="sim", help="served model name")
     p.add_argument("--max-model-len", type=int, default=32768, help="prompt + output token limit")
     kv = p.add_argument_group("KV cache")
@@ -146,6 +151,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         engine_id=args.engine_id or f"sim-{args.role}-{uuid.uuid4().hex[:8]}",
         model=args.model,
         api_key=args.api_key,
+        key_on_every_path=args.key_on_every_path,
         max_model_len=args.max_model_len,
         block_size=args.block_size,
         num_blocks=args.num_blocks,

@@ -94,14 +94,20 @@ def _completion_prompt(prompt: Any) -> list[int]:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def api_key_guard(api_key: str) -> Any:
+def api_key_guard(api_key: str, every_path: bool = False) -> Any:
     """vLLM's --api-key: every /v1/* request needs `Authorization: Bearer <key>` (401 otherwise); /health, /metrics
-    and /version stay open to probes and scrapers."""
+    and /version stay open to probes and scrapers. `every_path`: as with duplex's engine guard in front of vLLM, every
+    path but /health and /metrics needs it."""
     expected = f"Bearer {api_key}".encode()
+
+    def is_open(request: web.Request) -> bool:
+        if every_path:
+            return request.path in ("/health", "/metrics")
+        return request.method == "OPTIONS" or not request.path.startswith("/v1")
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.method == "OPTIONS" or not request.path.startswith("/v1"):
+        if is_open(request):
             return await handler(request)
         if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
             return web.json_response({"error": "Unauthorized"}, status=401)
@@ -116,8 +122,9 @@ class OpenAIApi:
         self.model = engine.cfg.model
 
     def app(self) -> web.Application:
-        key = self.engine.cfg.api_key
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[api_key_guard(key)] if key else [])
+        key, every_path = self.engine.cfg.api_key, self.engine.cfg.key_on_every_path
+        guards = [api_key_guard(key, every_path)] if key else []
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=guards)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)

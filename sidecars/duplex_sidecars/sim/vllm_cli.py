@@ -49,6 +49,8 @@ IGNORED_SWITCHES = frozenset(
     }
 )  # fmt: skip
 ROLES = {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": "decode"}
+# The one ASGI middleware the simulator knows: the engine guard the operator renders (duplex.children.engine_guard).
+ENGINE_GUARD = "duplex_engine_guard.EngineKeyGuard"
 TRANSPORTS = ("UCX",)
 
 
@@ -127,6 +129,10 @@ def translate(argv: list[str], env: dict[str, str]) -> list[str]:
             sim += [MAPPED[flag], str(value)]
         elif flag in SWITCHES:
             sim.append(SWITCHES[flag])
+        elif flag == "--middleware":
+            if value != ENGINE_GUARD:
+                raise Refused(f"--middleware {value}: the simulator runs no ASGI middleware but {ENGINE_GUARD}")
+            sim.append("--key-on-every-path")
         elif flag == "--kv-transfer-config":
             role, kv = _kv_transfer(str(value))
             sim += kv

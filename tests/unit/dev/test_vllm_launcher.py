@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from duplex_dev.launch.vllm import Local, cpu_command, rendered_engine, served_model
+from duplex_dev.launch.vllm import Local, cpu_command, guard_dir, rendered_engine, served_model
 from duplex_dev.processes import LaunchError
 
-LOCAL = Local(Path("/models/test"), 2048, "127.0.0.1", 18000, 15600)
+LOCAL = Local(Path("/models/test"), 2048, "127.0.0.1", 18000, 15600, Path("/tmp/guard"))
 # What vLLM's CPU build needs, rendered by the operator for accelerator.type cpu: never the launcher's change.
 RENDERED_FOR_CPU = {"--block-size", "--tensor-parallel-size", "kv_buffer_device", "backends", "VLLM_CPU_KVCACHE_SPACE"}
 
@@ -23,7 +23,13 @@ def test_cpu_needs_come_from_the_rendering(role: str) -> None:
     assert cmd.kv["kv_buffer_device"] == "cpu" and cmd.extra["backends"] == ["UCX"]
     assert cmd.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert cmd.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "15600" and cmd.flags["--port"] == "18000"
+    assert cmd.env["PYTHONPATH"] == "/tmp/guard" and cmd.flags["--middleware"] == "duplex_engine_guard.EngineKeyGuard"
     assert all(c.reason for c in changes)
+
+
+def test_the_engine_guard_is_written_as_the_pod_mounts_it() -> None:
+    files = {p.name: p.read_text() for p in guard_dir("examples/local.yaml").iterdir()}
+    assert list(files) == ["duplex_engine_guard.py"] and "class EngineKeyGuard" in files["duplex_engine_guard.py"]
 
 
 def test_a_gpu_rendering_is_refused_with_the_way_out() -> None:

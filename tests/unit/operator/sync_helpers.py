@@ -22,6 +22,7 @@ ALL = [
     "RoleBinding/demo-router",
     "ConfigMap/demo-router",
     "ConfigMap/demo-fabric",
+    "ConfigMap/demo-guard",
     "Service/demo-prefill",
     "Service/demo-decode",
     "Service/demo-router",

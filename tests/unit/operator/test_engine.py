@@ -54,6 +54,7 @@ def test_minimal_args_in_order() -> None:
         "--gpu-memory-utilization", "0.9",
         "--enable-prefix-caching",
         "--kv-transfer-config", kv_transfer_json(s, "prefill"),
+        "--middleware", "duplex_engine_guard.EngineKeyGuard",
     ]  # fmt: skip
     ctr = container(deployment())
     assert ctr["command"] == ["vllm", "serve"] and ctr["args"] == args_of(s, "prefill")
@@ -163,11 +164,18 @@ def test_hf_token_from_secret() -> None:
     assert "HF_TOKEN" not in env_map(container(deployment()))
 
 
-def test_no_cache_means_no_hf_home_and_only_shm() -> None:
+def test_no_cache_means_no_hf_home_and_only_shm_and_the_guard() -> None:
     ps = pod_spec()
     assert "HF_HOME" not in env_map(ps["containers"][0])
-    assert ps["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
-    assert ps["containers"][0]["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
+    assert ps["volumes"] == [
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "engine-guard", "configMap": {"name": "demo-guard"}},
+    ]
+    assert ps["containers"][0]["volumeMounts"] == [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "engine-guard", "mountPath": "/opt/duplex/engine-guard", "readOnly": True},
+    ]
+    assert env_map(ps["containers"][0])["PYTHONPATH"]["value"] == "/opt/duplex/engine-guard"
 
 
 @pytest.mark.parametrize("read_only", [True, False])
@@ -186,7 +194,7 @@ def test_model_cache_on_a_host_path_with_custom_mount() -> None:
     assert {"name": "model-cache", "mountPath": "/cache"} in ps["containers"][0]["volumeMounts"]
     assert env_map(ps["containers"][0])["HF_HOME"]["value"] == "/cache"
     mounts = {m["name"] for m in ps["containers"][0]["volumeMounts"]}
-    assert mounts == {v["name"] for v in ps["volumes"]} == {"dshm", "model-cache"}
+    assert mounts == {v["name"] for v in ps["volumes"]} == {"dshm", "engine-guard", "model-cache"}
 
 
 def test_user_env_appends_and_overrides_by_name() -> None:
@@ -201,7 +209,14 @@ def test_user_env_appends_and_overrides_by_name() -> None:
         )
     )
     names = [e["name"] for e in ctr["env"]]
-    assert names == ["VLLM_API_KEY", "VLLM_NIXL_SIDE_CHANNEL_HOST", "A", "VLLM_NIXL_SIDE_CHANNEL_PORT", "B"]
+    assert names == [
+        "VLLM_API_KEY",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST",
+        "PYTHONPATH",
+        "A",
+        "VLLM_NIXL_SIDE_CHANNEL_PORT",
+        "B",
+    ]
     env = env_map(ctr)
     assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": "9"}
     assert env["B"] == {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}

@@ -38,7 +38,11 @@ EXPECTED_FIELD = {
     "--enable-auto-tool-choice": "spec.model.toolCallParser",
     "--reasoning-parser": "spec.model.reasoningParser",
 }
-NOT_CONFIGURABLE = {"--port": "port 8000", "--host": "every pod address"}
+NOT_CONFIGURABLE = {
+    "--port": "port 8000",
+    "--host": "every pod address",
+    "--middleware": "the engine key on every path but /health and /metrics",
+}
 
 
 def test_the_owned_flags_are_the_ones_duplex_renders() -> None:

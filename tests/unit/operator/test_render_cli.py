@@ -24,6 +24,7 @@ KINDS = [
     "RoleBinding",
     "ConfigMap",
     "ConfigMap",
+    "ConfigMap",
     "Service",
     "Service",
     "Service",
@@ -97,6 +98,7 @@ def test_example_renders_the_expected_objects_in_apply_order(example: Path, caps
         ("RoleBinding", f"{name}-router"),
         ("ConfigMap", f"{name}-router"),
         ("ConfigMap", f"{name}-fabric"),
+        ("ConfigMap", f"{name}-guard"),
         ("Service", f"{name}-prefill"),
         ("Service", f"{name}-decode"),
         ("Service", f"{name}-router"),
@@ -194,11 +196,11 @@ def test_several_servings_in_one_file(tmp_path: Path, capsys: pytest.CaptureFixt
         [load(SEED), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}, load(TRAINIUM), None],
     )
     objs = render_file(path, capsys)
-    assert len(objs) == 28
-    assert [o["metadata"]["name"] for o in objs[:14]] == [
+    assert len(objs) == 30
+    assert [o["metadata"]["name"] for o in objs[:15]] == [
         o["metadata"]["name"] for o in desired_children(parse(load(SEED)))
     ]
-    assert objs[14]["metadata"]["name"] == "llama-70b-trn2-router"
+    assert objs[15]["metadata"]["name"] == "llama-70b-trn2-router"
     assert not any(o["kind"] == "Namespace" for o in objs)
 
 
@@ -291,4 +293,4 @@ def test_output_is_the_yaml_stream_of_the_children(capsys: pytest.CaptureFixture
     assert code == 0
     assert out == dump_all(desired_children(parse(load(SEED))))
     assert "&id" not in out and "*id" not in out  # no YAML aliases
-    assert out.count("\n---\n") == 13
+    assert out.count("\n---\n") == 14

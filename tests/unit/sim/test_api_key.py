@@ -37,3 +37,15 @@ def test_the_key_comes_from_vllms_variable_or_the_flag(monkeypatch: pytest.Monke
     assert config_from_args(parser().parse_args(["--role", "prefill", "--api-key", "flag"])).api_key == "flag"
     monkeypatch.delenv("VLLM_API_KEY")
     assert config_from_args(parser().parse_args(["--role", "prefill"])).api_key is None
+
+
+async def test_with_the_engine_guard_every_path_but_health_and_metrics_needs_the_key() -> None:
+    # As vLLM behind duplex's engine guard (`--middleware duplex_engine_guard.EngineKeyGuard`).
+    async with sim_client(api_key="k-123", key_on_every_path=True) as client:
+        for path in ("/version", "/invocations", "/tokenize"):
+            assert (await client.post(path, json={})).status == 401, path
+        assert (await client.get("/version", headers={"Authorization": "Bearer k-123"})).status == 200
+        assert (await client.get("/health")).status == 200
+        assert (await client.get("/metrics")).status == 200
+    async with sim_client(api_key="k-123") as client:  # vLLM's own guard: /v1 only
+        assert (await client.get("/version")).status == 200

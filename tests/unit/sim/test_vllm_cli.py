@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from duplex.children import engine_guard
 from duplex_sidecars.sim import cli as sim_cli
 from duplex_sidecars.sim.vllm_cli import Refused, translate
 
@@ -50,6 +51,12 @@ def test_decode_the_model_name_served_and_equals_syntax() -> None:
     assert (cfg.role, cfg.model) == ("decode", "m")
 
 
+def test_the_engine_guard_the_operator_renders_puts_the_key_on_every_path() -> None:
+    argv = ["serve", "m", "--middleware", engine_guard.MIDDLEWARE]
+    assert sim_cli.config_from_args(sim_cli.parser().parse_args(translate(argv, {}))).key_on_every_path
+    assert not sim_cli.config_from_args(sim_cli.parser().parse_args(translate(["serve", "m"], {}))).key_on_every_path
+
+
 def test_extra_simulator_options_come_from_the_environment() -> None:
     args = translate(["serve", "m"], {"DUPLEX_SIM_ARGS": "--time-scale 0.1 --decode-us-per-token 5"})
     assert args[-4:] == ["--time-scale", "0.1", "--decode-us-per-token", "5"]
@@ -65,6 +72,7 @@ def test_extra_simulator_options_come_from_the_environment() -> None:
         (["chat", "m"], "only `vllm serve MODEL"),
         (["serve", "--port", "1"], "needs the model"),
         (["serve", "m", "--port"], "--port needs a value"),
+        (["serve", "m", "--middleware", "my.Logger"], "runs no ASGI middleware but duplex_engine_guard"),
     ],
 )
 def test_what_the_simulator_cannot_honour_is_refused_with_the_reason(argv: list[str], reason: str) -> None:
