@@ -16,7 +16,12 @@ from duplex.api.owned_args import owned_arg_rules
 from duplex.api.pairing import paired_rules
 from duplex.api.quantity import quantity
 from duplex.api.rules import Checked, Rule
-from duplex_sidecars.router.config import ENGINE_BLOCKS_TTL_SECONDS, TTL_MARGIN_SECONDS, ttl_below_engines
+from duplex_sidecars.router.config import (
+    ENGINE_BLOCKS_TTL_SECONDS,
+    MAX_BODY_BYTES,
+    TTL_MARGIN_SECONDS,
+    ttl_below_engines,
+)
 
 # Kubernetes-native structures (tolerations, affinity, ...) are passed through as-is; the API server validates them.
 K8sObject = Annotated[dict[str, Any], Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})]
@@ -551,7 +556,13 @@ class RouterSpec(Model):
     tolerations: Annotated[list[K8sObject], Field(max_length=32)] = Field(
         default_factory=list, description="Kubernetes tolerations of router pods."
     )
-    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, le=1024**3, description="Largest accepted request body.")
+    max_body_bytes: int = Field(
+        MAX_BODY_BYTES,
+        ge=1024,
+        le=1024**3,
+        description="Largest accepted request body (default 8 MiB: four times a 128k-token agent history). Bodies "
+        "held at once are bounded too, by a tenth of router.memory (at least one such body).",
+    )
     limits: RouterLimitsSpec = Field(default_factory=RouterLimitsSpec, description="Client limits and deadlines.")
     canary: CanarySpec = Field(default_factory=CanarySpec, description="Verified disaggregation after each rollout.")
 

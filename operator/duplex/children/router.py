@@ -28,6 +28,7 @@ from duplex_sidecars.router.config import (
 CONFIG_KEY = "router.json"
 # Share of the router container's memory limit the conversation store may fill; the rest is the process itself.
 STORE_MEMORY_SHARE = 0.6
+BODIES_MEMORY_SHARE = 0.1  # request bodies held at once (client_limits.max_held_body_bytes)
 CONFIG_DIR = "/etc/duplex"
 REDIS_URL_ENV = "DUPLEX_REDIS_URL"
 POD_NAME_ENV = "POD_NAME"
@@ -92,6 +93,9 @@ def router_config(
             head_timeout_seconds=float(limits.head_timeout),
             body_timeout_seconds=float(limits.body_timeout),
             idle_seconds=float(limits.idle_timeout),
+            max_held_body_bytes=max(
+                spec.router.max_body_bytes, int(float(quantity(spec.router.memory)) * BODIES_MEMORY_SHARE)
+            ),
         ),
         timeouts=TimeoutsConfig(replay_prefill_seconds=float(limits.replay_prefill_timeout)),
         served_model_names=[served_model_name(spec)],

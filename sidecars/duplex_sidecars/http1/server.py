@@ -28,6 +28,7 @@ MAX_HEAD_BYTES = 64 * 1024  # request line and header lines, as on the wire
 _HEAD_FRAMING = 17
 MAX_QUEUED = 8  # pipelined requests parsed ahead of the one being handled before reading pauses
 _DISCARD_LIMIT = 1 << 20  # body bytes read and dropped after an early answer before the connection is cut
+BODIES_HELD = "Request bodies held by the server are at their limit; retry shortly."
 
 Handler = Callable[["Request"], Awaitable[None]]
 
@@ -69,6 +70,7 @@ class Request:
         "body",
         "finished",
         "headers",
+        "held",
         "http11",
         "keep_alive",
         "method",
@@ -100,6 +102,7 @@ class Request:
         self.started = False  # the response head is out
         self.finished = False  # the whole response is out
         self.status = 0
+        self.held = 0  # bytes its body holds of the server's limits.max_held_bodies, until its handler ends
         self._head_only = method == "HEAD"
 
     def header(self, name: str) -> str | None:
@@ -198,8 +201,10 @@ class Limits:
     on requests in handlers (only those `limited` says count; probes and metrics stay answerable), and a deadline for
     a client that stops reading: a connection whose write buffer stays over its high-water mark for
     `write_stall_seconds` without the client reading any of it is cut, and its handler's next write or drain raises
-    ClientGone. Each refusal is reported to `on_reject` with its reason: connections, inflight, head_timeout,
-    body_timeout, write_timeout."""
+    ClientGone. `max_held_bodies` bounds the request bodies held at once across every connection (being read, queued
+    behind another request or with their handler), reserved from the Content-Length when a head is complete (a chunked
+    body as it arrives): one more is answered 503 with Retry-After. Each refusal is reported to `on_reject` with its
+    reason: connections, inflight, bodies, head_timeout, body_timeout, write_timeout."""
 
     def __init__(
         self,
@@ -212,6 +217,7 @@ class Limits:
         max_inflight: int = 512,
         max_header_fields: int = 100,
         write_stall_seconds: float = 60.0,
+        max_held_bodies: int = 256 * 1024 * 1024,
         limited: Callable[[str, str], bool] = lambda method, path: True,
         on_reject: Callable[[str], None] = lambda reason: None,
     ):
@@ -223,6 +229,7 @@ class Limits:
         self.max_inflight = max_inflight
         self.max_header_fields = max_header_fields
         self.write_stall_seconds = write_stall_seconds
+        self.max_held_bodies = max_held_bodies
         self.limited = limited
         self.on_reject = on_reject
 
@@ -245,6 +252,9 @@ class _Connection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_size = 0
         self._too_large = False
+        self._held = 0  # bytes of the body being read reserved against limits.max_held_bodies
+        self._declared = False  # the body being read came with a Content-Length (reserved whole at its head)
+        self._over_budget = False  # ... and found no room among the bodies held
         self._queue: collections.deque[Request] = collections.deque()
         self._busy = False  # a handler is running
         self._last = False  # nothing after the queued requests is read (Connection: close, upgrade, garbage)
@@ -290,8 +300,12 @@ class _Connection(asyncio.Protocol):
             self._idle.cancel()
             self._idle = None
         self._clear_stall()
-        self._queue.clear()  # requests never to be answered, and their bodies
+        for request in self._queue:  # requests never to be answered, and their bodies
+            self._server.release(request)
+        self._queue.clear()
         self._body = []
+        self._server.held_bodies -= self._held
+        self._held = 0
         self._wake_drain(ClientGone())
 
     def data_received(self, data: bytes) -> None:
@@ -354,6 +368,8 @@ class _Connection(asyncio.Protocol):
         self._body = []
         self._body_size = 0
         self._too_large = False
+        self._declared = False
+        self._over_budget = False
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -402,10 +418,14 @@ class _Connection(asyncio.Protocol):
         if self._discard:
             return
         length = self._headers.get("content-length")
+        self._declared = length is not None
         limit = self._server.limits.max_body()
         if length is not None and length.isdigit() and int(length) > limit:
             self._too_large = True
             self._answer_early(413, f"Request body of {length} bytes exceeds the limit of {limit} bytes.")
+        elif length is not None and length.isdigit() and not self._reserve(int(length)):
+            self._over_budget = True
+            self._answer_early(503, BODIES_HELD, retry_after=True)
         elif self._headers.get("expect", "").lower() == "100-continue" and self._parser.get_http_version() == "1.1":
             if self._busy or self._queue:
                 self._continue = True  # written when the answers before it are out, never in the middle of one
@@ -419,7 +439,12 @@ class _Connection(asyncio.Protocol):
             if self._discard > _DISCARD_LIMIT:
                 self.abort()
             return
-        if self._too_large:
+        if self._too_large or self._over_budget:
+            return
+        if not self._declared and not self._reserve(len(body)):  # chunked: reserved as it comes
+            self._over_budget = True
+            self._body = []
+            self._answer_early(503, BODIES_HELD, retry_after=True)
             return
         self._body.append(body)
         self._body_size += len(body)
@@ -445,8 +470,10 @@ class _Connection(asyncio.Protocol):
             self._repeated,
         )
         request.keep_alive = parser.should_keep_alive()
-        if self._too_large:
-            request.status = 413
+        request.held, self._held = self._held, 0
+        if self._too_large or self._over_budget:
+            request.status = 413 if self._too_large else 503
+            self._server.release(request)  # its body is dropped
         elif (request.http11 and "host" not in self._headers) or (self._repeated and "host" in self._repeated):
             request.status = 400  # RFC 9112 3.2: an HTTP/1.1 request without Host, or any with more than one
         else:
@@ -472,7 +499,10 @@ class _Connection(asyncio.Protocol):
                     self._paused_read = False
                     assert self.transport is not None  # it was paused, so it is there
                     self.transport.resume_reading()
-                await self._server._handle(request)
+                try:
+                    await self._server._handle(request)
+                finally:
+                    self._server.release(request)
                 if not request.keep_alive:
                     self.close()
                     return
@@ -498,15 +528,27 @@ class _Connection(asyncio.Protocol):
             self.transport.write(self._server.error_bytes(status, message))
         self.close()
 
-    def _answer_early(self, status: int, message: str) -> None:
+    def _reserve(self, n: int) -> bool:
+        """Reserve `n` more bytes for the body being read, if the bodies held leave room for them."""
+        server = self._server
+        if server.held_bodies + n > server.limits.max_held_bodies:
+            server.limits.on_reject("bodies")
+            return False
+        server.held_bodies += n
+        self._held += n
+        return True
+
+    def _answer_early(self, status: int, message: str, retry_after: bool = False) -> None:
         """Answer before the body is in (it is too large), then read and drop the rest of it, then close: closing
         with unread bytes would reset the connection before the client reads the answer."""
         if self._busy or self._queue:  # answered in turn, at the end of the body, which is dropped meanwhile
             return
         self._discard = 1
         self._body = []
+        self._server.held_bodies -= self._held  # the rest of the body is dropped as it comes
+        self._held = 0
         assert self.transport is not None  # parser callbacks come after connection_made
-        self.transport.write(self._server.error_bytes(status, message))
+        self.transport.write(self._server.error_bytes(status, message, retry_after))
 
     def send(self, data: bytes | bytearray) -> None:
         if self.closed or self.transport is None or self.transport.is_closing():
@@ -619,6 +661,7 @@ class FrontServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conns: set[_Connection] = set()
         self._inflight = 0  # requests in handlers that `limits.limited` counts
+        self.held_bodies = 0  # bytes of request bodies reserved (limits.max_held_bodies)
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.base_events.Server | None = None
 
@@ -645,6 +688,11 @@ class FrontServer:
         assert self._loop is not None  # connections exist only once the server has started
         return self._loop.time()
 
+    def release(self, request: Request) -> None:
+        """Give back what `request`'s body reserved (once: it is its handler's end, or the request never runs)."""
+        self.held_bodies -= request.held
+        request.held = 0
+
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
@@ -654,6 +702,10 @@ class FrontServer:
         if request.status == 413:
             request.keep_alive = False
             self._answer_error(request, 413, f"Request body exceeds the limit of {self.limits.max_body()} bytes.")
+            return
+        if request.status == 503:
+            request.keep_alive = False
+            self._answer_error(request, 503, BODIES_HELD, {"Retry-After": "1"})
             return
         if request.status == 400:
             request.keep_alive = False

@@ -111,6 +111,7 @@ class Router:
         self.limits.idle_seconds = cfg.idle_seconds
         self.limits.write_stall_seconds = cfg.write_stall_seconds
         self.limits.max_header_fields = cfg.max_header_fields
+        self.limits.max_held_bodies = cfg.max_held_body_bytes
 
     # ---- lifecycle -----------------------------------------------------------------------------------------------
 

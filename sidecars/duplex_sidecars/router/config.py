@@ -26,6 +26,11 @@ def ttl_below_engines(ttl: float, engine_blocks_ttl: float) -> bool:
     return ttl < engine_blocks_ttl
 
 
+# The largest request body by default: a 128k-token agent history is about 0.5 MB of text, and JSON escaping, tool
+# schemas and tool output at most double it; 8 MiB leaves four times that. maxBodyBytes raises it (e.g. images).
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -149,6 +154,12 @@ class ClientLimitsConfig(_Strict):
     )
     max_header_fields: int = Field(
         100, ge=1, description="Header fields in a request's head (and trailer); one more is answered 431."
+    )
+    max_held_body_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1,
+        description="Request bodies held at once across every connection (being read, queued or served), reserved "
+        "from a head's Content-Length; one more is answered 503 with Retry-After.",
     )
 
 
@@ -276,7 +287,7 @@ class RouterConfig(_Strict):
     conversation: ConversationConfig = Field(default_factory=ConversationConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
-    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    max_body_bytes: int = Field(MAX_BODY_BYTES, gt=0)
     client_limits: ClientLimitsConfig = Field(default_factory=ClientLimitsConfig)
     prefill_retries: int = Field(1, ge=0, le=5, description="Extra prefill attempts on another endpoint, no reuse.")
     decode_retries: int = Field(1, ge=0, le=5, description="Extra decode attempts before the first byte.")

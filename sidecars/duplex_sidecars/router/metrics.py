@@ -154,13 +154,15 @@ class RouterMetrics:
             Counter(
                 "duplex_router_rejected_requests",
                 "Client connections or requests refused at the edge, by reason: connections (503), inflight (503), "
+                "bodies (503: the request bodies held are at client_limits.max_held_body_bytes), "
                 "head_timeout and body_timeout (408), unauthorized (401), write_timeout (a client that stopped "
                 "reading, cut).",
                 ["reason"],
                 registry=r,
             )
         )
-        for reason in ("connections", "inflight", "head_timeout", "body_timeout", "unauthorized", "write_timeout"):
+        reasons = ("connections", "inflight", "bodies", "head_timeout", "body_timeout", "unauthorized", "write_timeout")
+        for reason in reasons:
             self.rejected.labels(reason)
         self.kv_transfer_healthy = Gauge(
             "duplex_router_kv_transfer_healthy",

@@ -72,6 +72,8 @@ UVICORN_DIFFERS = {
     "test_header_fields_over_the_cap_are_431": "no cap on header fields",
     "test_a_flood_of_repeated_headers_is_431_at_once": "no cap on header fields",
     "test_the_head_limit_counts_raw_bytes_with_their_separators": "no head size limit",
+    "test_bodies_held_across_connections_are_bounded": "no bound on the request bodies held at once",
+    "test_a_chunked_body_is_counted_as_it_comes": "no bound on the request bodies held at once",
 }
 
 
@@ -565,6 +567,60 @@ async def test_oversized_pipelined_body_is_answered_413_in_turn(make_server, con
     assert second.header("Connection") == "close"
     assert await client.closed()
     assert calls == ["/slow"]
+
+
+def held_bodies(server: FrontServer) -> int:
+    return getattr(server, "held_bodies", 0)  # uvicorn keeps no count
+
+
+async def test_bodies_held_across_connections_are_bounded(make_server, connect):
+    # Before: each connection could hold max_body per request, with nothing bounding them together (issue 23).
+    release = asyncio.Event()
+    running: list[int] = []
+
+    async def handler(request: Request) -> None:
+        running.append(len(request.body))
+        await release.wait()
+        request.respond(200, b"")
+
+    server = await make_server(handler, max_body=lambda: 1000, max_held_bodies=1500)
+    first, second, third = await connect(server), await connect(server), await connect(server)
+    await first.send(post("/", b"a" * 800))
+    await until(lambda: running == [800])
+    await second.send(post("/", b"b" * 800))  # 800 + 800 > 1500: refused at its head, its body dropped
+    refused = await second.reply()
+    assert refused.status == 503 and refused.header("Retry-After") == "1"
+    assert await second.closed()
+    await third.send(post("/", b"c" * 600))  # 800 + 600 fits
+    await until(lambda: running == [800, 600])
+    assert held_bodies(server) == 1400
+    release.set()
+    assert (await first.reply()).status == (await third.reply()).status == 200
+    await until(lambda: held_bodies(server) == 0)
+
+
+async def test_a_chunked_body_is_counted_as_it_comes(make_server, connect):
+    server = await make_server(Recording(), max_body=lambda: 1000, max_held_bodies=500)
+    client = await connect(server)
+    await client.send(get("/", b"Transfer-Encoding: chunked", method=b"POST") + chunked(b"x" * 300, end=False))
+    await client.send(chunked(b"y" * 300))
+    reply = await client.reply()
+    assert reply.status == 503 and reply.header("Retry-After") == "1"
+    assert await client.closed()
+    assert held_bodies(server) == 0
+
+
+async def test_a_client_that_leaves_mid_body_gives_back_what_it_reserved(make_server, connect):
+    server = await make_server(Recording(), max_body=lambda: 1000, max_held_bodies=1000)
+    client = await connect(server)
+    await client.send(get("/", b"Content-Length: 900", method=b"POST") + b"z" * 100)
+    if isinstance(server, FrontServer):
+        await until(lambda: held_bodies(server) == 900)
+    client.writer.transport.abort()
+    await until(lambda: held_bodies(server) == 0)
+    again = await connect(server)
+    await again.send(post("/", b"w" * 900))
+    assert (await again.reply()).status == 200
 
 
 async def test_body_limit_is_read_per_request(make_server, connect):

@@ -254,7 +254,7 @@ DEFAULTS: dict[str, Any] = {
         "store": {"type": "memory", "maxEntries": 1_000_000, "redis": None},
         "nodeSelector": {},
         "tolerations": [],
-        "maxBodyBytes": 32 * 1024 * 1024,
+        "maxBodyBytes": 8 * 1024 * 1024,
         "limits": {
             "maxConnections": 4096,
             "maxInflightRequests": 512,

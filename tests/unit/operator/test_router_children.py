@@ -145,6 +145,13 @@ def test_router_json_models_and_body_limit() -> None:
     assert parsed_config().served_model_names == ["org/model"]
 
 
+def test_the_bodies_held_at_once_are_a_tenth_of_the_routers_memory_and_at_least_one_body() -> None:
+    assert parsed_config().client_limits.max_held_body_bytes == int(3 * 1024**3 * 0.1)  # router.memory 3Gi
+    small = parsed_config({"router": {"memory": "256Mi", "maxBodyBytes": 64 * 1024 * 1024}})
+    assert small.client_limits.max_held_body_bytes == 64 * 1024 * 1024
+    assert parsed_config().max_body_bytes == 8 * 1024 * 1024
+
+
 def test_the_router_judges_the_fabric_by_the_engines_nixl_backend() -> None:
     efa = {"network": {"efa": {"enabled": True}}, "prefill": {"memory": "256Gi"}, "decode": {"memory": "256Gi"}}
     for patch, expected in ((None, "UCX"), (efa, "LIBFABRIC"), ({**efa, "kvTransfer": {"backend": "UCX"}}, "UCX")):
