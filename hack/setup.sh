@@ -47,7 +47,7 @@ if [ "$LEVEL" = run ]; then
   step "local cluster binaries: control plane, kwok, helm, the real node (cold: about 10 min on 2 cores)"
   DUPLEX_TOOLS=run bash hack/build-tools.sh > "$CACHE/tools-dir.txt"
 else
-  step "local cluster binaries and the chart's checkers (cold: about 28 min on 2 cores)"
+  step "local cluster binaries and the chart's checkers (cold: about 13 min on 2 cores; about 3.5 after the run level)"
   bash hack/build-tools.sh > "$CACHE/tools-dir.txt"
 fi
 echo "tools in $(cat "$CACHE/tools-dir.txt")"

@@ -63,9 +63,9 @@ def _env(spec: DisaggregatedServingSpec, role: RoleSpec, serving: str) -> list[d
     if spec.model.cache:
         out.append({"name": "HF_HOME", "value": spec.model.cache.mount_path})
     out += efa.env(spec) + efa.accelerator_env(role)
-    user = [e.model_dump(by_alias=True, exclude_none=True) for e in (*spec.model.env, *role.env)]
-    overridden = {e["name"] for e in user}
-    return [e for e in out if e["name"] not in overridden] + user
+    # The role's entry of a name overrides the model's (one entry per name: server-side apply refuses two).
+    user = {e.name: e.model_dump(by_alias=True, exclude_none=True) for e in (*spec.model.env, *role.env)}
+    return [e for e in out if e["name"] not in user] + list(user.values())
 
 
 def _volumes(spec: DisaggregatedServingSpec, serving: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -77,7 +77,8 @@ def init_containers(
         "image": spec.model.image,
         "imagePullPolicy": spec.model.image_pull_policy,
         "command": ["python3", "-m", "duplex_sidecars.preflight", *preflight_args(spec)],
-        "env": [*copy.deepcopy(env), {"name": "PYTHONPATH", "value": MOUNT}],
+        # its own PYTHONPATH in place of the engine's (the engine guard's): a name twice is refused by server-side apply
+        "env": [*(copy.deepcopy(e) for e in env if e["name"] != "PYTHONPATH"), {"name": "PYTHONPATH", "value": MOUNT}],
         "resources": resources,
         "securityContext": copy.deepcopy(security),
         "terminationMessagePolicy": "File",  # the compact JSON report, read back by the operator

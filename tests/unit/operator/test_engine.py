@@ -445,3 +445,12 @@ def test_builders_are_pure() -> None:
     second = [engine_deployment(s, "demo", "ns1", r) for r in ROLES]
     assert first == second
     assert s.model_dump() == before
+
+
+def test_a_role_env_entry_overrides_the_models_of_the_same_name() -> None:
+    ctr = container(
+        deployment(
+            {"model": {"env": [{"name": "A", "value": "model"}]}, "prefill": {"env": [{"name": "A", "value": "role"}]}}
+        )
+    )
+    assert [e for e in ctr["env"] if e["name"] == "A"] == [{"name": "A", "value": "role"}]

@@ -66,6 +66,12 @@ def apiserver_checks(objs: list[dict[str, Any]]) -> None:
             assert obj["spec"]["selector"]["matchLabels"].items() <= tpl["metadata"]["labels"].items()
             for value in tpl["metadata"]["labels"].values():
                 assert len(value) <= 63 and _LABEL_VALUE.match(value), value
+            for ctr in [*tpl["spec"]["containers"], *tpl["spec"].get("initContainers", [])]:
+                # env and volumeMounts are list-maps keyed by name: server-side apply refuses a duplicate key
+                env_names = [e["name"] for e in ctr.get("env", [])]
+                assert len(env_names) == len(set(env_names)), f"{ctr['name']}: duplicate env {env_names}"
+                mount_names = [m["name"] for m in ctr.get("volumeMounts", [])]
+                assert len(mount_names) == len(set(mount_names)), f"{ctr['name']}: duplicate mounts {mount_names}"
             for ctr in tpl["spec"]["containers"]:
                 port_names = [p["name"] for p in ctr.get("ports", [])]
                 assert len(port_names) == len(set(port_names))
@@ -116,6 +122,12 @@ def test_examples_validate(example: Any, version: str) -> None:
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "minimal": {},
+    "cpu with preflight": {
+        "prefill": {"accelerator": {"type": "cpu"}, "memory": "8Gi"},
+        "decode": {"accelerator": {"type": "cpu"}, "memory": "8Gi"},
+        "model": {"blockSize": 32},
+        "network": {"preflight": {"enabled": True}},
+    },
     "full pvc + redis url": FULL,
     "full hostPath + redis secret": FULL_ALT,
     "efa privileged": {

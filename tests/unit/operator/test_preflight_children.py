@@ -18,6 +18,10 @@ def pod_spec(patch: dict[str, Any] | None = None, role: str = "prefill") -> dict
     return find(children(patch), "Deployment", f"demo-{role}")["spec"]["template"]["spec"]
 
 
+def engine_env(ctr: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e for e in ctr["env"]}
+
+
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_with_efa_the_preflight_runs_in_the_engine_image_with_the_engines_devices(role: str) -> None:
     ps = pod_spec(EFA, role)
@@ -29,7 +33,11 @@ def test_with_efa_the_preflight_runs_in_the_engine_image_with_the_engines_device
     assert check["command"] == ["python3", "-m", "duplex_sidecars.preflight", "--backend", "LIBFABRIC",
                                 "--efa-devices", "16", "--hugepages", "5120Mi"]  # fmt: skip
     assert check["securityContext"] == engine["securityContext"]  # IPC_LOCK as the engine has it
-    assert check["env"][:-1] == engine["env"] and check["env"][-1]["name"] == "PYTHONPATH"
+    # the engine's env, with the package's PYTHONPATH in place of the engine guard's
+    assert check["env"][:-1] == [e for e in engine["env"] if e["name"] != "PYTHONPATH"]
+    assert (
+        check["env"][-1] == {"name": "PYTHONPATH", "value": "/opt/duplex-preflight"} != engine_env(engine)["PYTHONPATH"]
+    )
     limits = check["resources"]["limits"]
     assert limits["vpc.amazonaws.com/efa"] == "16" and limits["hugepages-2Mi"] == "5120Mi"
     assert "nvidia.com/gpu" not in limits and engine["resources"]["limits"]["nvidia.com/gpu"] == "1"
