@@ -57,8 +57,9 @@ SCOPE_FIELDS: tuple[str, ...] = (
     "suffix",
 )
 
-# Message keys that reach the chat template. Others (refusal, annotations, audio, ...) are response decorations an
-# SDK may echo back; vLLM does not render them.
+# Message keys that reach the chat template: what vLLM's parser copies into its ConversationMessage (role, content,
+# name; an assistant's tool_calls and reasoning; a tool's tool_call_id; a developer's tools; task). The vLLM tier
+# checks this list against vLLM's own types.
 MESSAGE_KEYS: tuple[str, ...] = (
     "role",
     "content",
@@ -67,12 +68,18 @@ MESSAGE_KEYS: tuple[str, ...] = (
     "tool_call_id",
     "reasoning_content",
     "reasoning",
+    "tools",
+    "task",
 )
+# Keys of a reply message that SDKs echo back and vLLM never renders. Any other key makes a history uncomparable (a
+# miss, never a wrong replay): a field vLLM starts to render must not be dropped from the digest unnoticed.
+DECORATION_KEYS = frozenset({"refusal", "annotations", "audio", "function_call"})
 
 # Content part types whose payload is inline text; media parts are allowed only as inline data URLs, since a
 # remote URL may serve different bytes next time.
 _TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
 _MESSAGE_KEY_SET = frozenset(MESSAGE_KEYS)
+_KNOWN_KEYS = _MESSAGE_KEY_SET | DECORATION_KEYS
 
 
 def canonical(obj: Any) -> bytes:
@@ -142,11 +149,13 @@ def scope_digest(route: str, body: dict[str, Any], fields: tuple[str, ...] = SCO
 
 def normalize_message(message: Any) -> dict[str, Any] | None:
     """The part of a message that reaches the prompt (the message itself when that is all of it); None when it is
-    not a message object."""
+    not a message object, or has a key that is neither rendered nor a known decoration."""
     if not isinstance(message, dict):
         return None
     if "tool_calls" not in message and message.keys() <= _MESSAGE_KEY_SET and None not in message.values():
         return message  # the common case, already normal: {"role", "content"}
+    if not message.keys() <= _KNOWN_KEYS:
+        return None
     out = {k: message[k] for k in MESSAGE_KEYS if message.get(k) is not None}
     if "tool_calls" in out:
         if out["tool_calls"] == []:

@@ -4,6 +4,7 @@ tool call or different scope does not."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -347,3 +348,18 @@ def test_integers_beyond_64_bits_and_lone_surrogates_still_have_a_digest():
     assert scope_digest(CHAT_ROUTE, big) != scope_digest(CHAT_ROUTE, {"model": "m", "tools": [{"maximum": 2**64}]})
     odd = chat([{"role": "user", "content": "a\ud800b"}])
     assert odd is not None and odd.prefix_digest(1) != chat([{"role": "user", "content": "ab"}]).prefix_digest(1)
+
+
+def test_keys_vllm_renders_are_digested_and_unknown_keys_fail_closed():
+    def digest(messages: list[dict[str, Any]]) -> str | None:
+        history = History.of_request(CHAT_ROUTE, {"messages": messages})
+        return None if history is None else history.prefix_digest(len(history))
+
+    base = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    with_tools = [{**base[0], "tools": [{"type": "function", "function": {"name": "f"}}]}, base[1]]
+    with_task = [base[0], {**base[1], "task": "summarize"}]
+    assert digest(base) is not None
+    for variant in (with_tools, with_task):  # before: dropped from the digest, so a changed prompt matched
+        assert digest(variant) not in (None, digest(base))
+    assert digest([base[0], {**base[1], "refusal": None, "annotations": []}]) == digest(base)
+    assert digest([base[0], {**base[1], "x_rendered_someday": "?"}]) is None  # uncomparable: a miss, not a guess
