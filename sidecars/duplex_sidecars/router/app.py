@@ -33,7 +33,7 @@ from duplex_sidecars.router.errors import (
 from duplex_sidecars.router.fabric import FabricWatch
 from duplex_sidecars.router.fabric_report import FabricReporter
 from duplex_sidecars.router.legs import make_leg_client, make_session
-from duplex_sidecars.router.live import Live
+from duplex_sidecars.router.live import Live, engine_api_key_of
 from duplex_sidecars.router.metrics import RouterMetrics
 from duplex_sidecars.router.periodic import Periodic
 from duplex_sidecars.router.store import Store, StoreError, make_store
@@ -59,7 +59,7 @@ class Router:
         self._resolver = resolver
         self.metrics = RouterMetrics()
         self.engines = Engines(self.metrics)
-        self.store: Store = store or make_store(config.store)
+        self.store: Store = store or make_store(config.store, engine_api_key_of(config))  # seals Redis entries
         self.live = Live.first(config, self.engines, self.store, make_leg_client(resolver), self.metrics)
         self._show_store_bound()
         self.limits = Limits(

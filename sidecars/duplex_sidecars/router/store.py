@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 EXPIRED_GRACE_SECONDS = 60.0
 
 ENDPOINT_GONE = "endpoint_gone"
+MAC_BYTES = 16  # of HMAC-SHA256, before each sealed Redis value
 DROP_BATCH = 1000  # keys of an endpoint's Redis index read per round trip when it is dropped
 NOT_REPLAYABLE = "not_replayable"
 
@@ -472,18 +474,35 @@ class MemoryStore:
         self._bytes = 0
 
 
+def store_mac_key(secret: str | None) -> bytes | None:
+    """The key that seals Redis entries, derived from a secret only the routers hold (the engine key); None: none."""
+    return hmac.new(secret.encode(), b"duplex redis entries", hashlib.sha256).digest() if secret else None
+
+
 class RedisStore:
-    """Shared by every router replica: GETDEL makes the take atomic across them, PX gives the TTL."""
+    """Shared by every router replica: GETDEL makes the take atomic across them, PX gives the TTL. With `mac_key`,
+    each value is sealed with an HMAC over its Redis key and bytes: whoever can write Redis but lacks the routers'
+    secret cannot forge an entry, move one under another tenant's key, or aim prefill's read elsewhere (a value that
+    fails the check is a store error, and the turn recomputes)."""
 
     kind = "redis"
     immediate = False
 
-    def __init__(self, url: str, key_prefix: str, op_timeout: float, error_backoff: float, client: Any = None):
+    def __init__(
+        self,
+        url: str,
+        key_prefix: str,
+        op_timeout: float,
+        error_backoff: float,
+        client: Any = None,
+        mac_key: bytes | None = None,
+    ):
         import redis.asyncio as aioredis
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
         self._prefix = key_prefix
+        self._mac_key = mac_key
         self._op_timeout = op_timeout
         self._backoff = error_backoff
         # No client-side retries: a slow or down Redis must cost one bounded wait, then the request recomputes.
@@ -503,6 +522,22 @@ class RedisStore:
 
     def _key(self, key: str) -> str:
         return self._prefix + key
+
+    def _tag(self, name: str, value: bytes) -> bytes:
+        assert self._mac_key is not None
+        return hmac.new(self._mac_key, name.encode() + b"\0" + value, hashlib.sha256).digest()[:MAC_BYTES]
+
+    def _seal(self, name: str, value: bytes) -> bytes:
+        return value if self._mac_key is None else self._tag(name, value) + value
+
+    def _open(self, name: str, raw: bytes) -> bytes:
+        if self._mac_key is None:
+            return raw
+        tag, value = raw[:MAC_BYTES], raw[MAC_BYTES:]
+        if not hmac.compare_digest(tag, self._tag(name, value)):
+            log.warning("redis store: the entry under %s failed its integrity check; recomputing", name)
+            raise StoreError("an entry failed its integrity check")
+        return value
 
     def _endpoint_key(self, url: str) -> str:
         # "epz:", a sorted set; routers before it kept a plain set under "ep:", which expires on its own.
@@ -528,7 +563,7 @@ class RedisStore:
     async def put(self, key: str, entry: Entry, ttl: float) -> int:
         entry.expires_at = time.time() + ttl
         keep_ms = int((ttl + EXPIRED_GRACE_SECONDS) * 1000)
-        value = entry.to_bytes()
+        value = self._seal(self._key(key), entry.to_bytes())
         endpoint_key = self._endpoint_key(entry.decode_url)
 
         now_ms = int(time.time() * 1000)
@@ -550,7 +585,7 @@ class RedisStore:
         raw = await self._run("take", lambda: self._redis.getdel(self._key(key)))
         if raw is None:
             return None
-        entry = Entry.from_bytes(raw)
+        entry = Entry.from_bytes(self._open(self._key(key), raw))
         entry.expired = time.time() >= entry.expires_at
         return entry
 
@@ -570,7 +605,7 @@ class RedisStore:
             for member in members:
                 name = member.decode()
                 # XX + KEEPTTL: only entries still present turn into tombstones, and they keep their expiry.
-                pipe.set(self._key(name), tomb, xx=True, keepttl=True)
+                pipe.set(self._key(name), self._seal(self._key(name), tomb), xx=True, keepttl=True)
             results = await pipe.execute() if members else []
             return sum(1 for r in results if r), len(members) == DROP_BATCH
 
@@ -647,7 +682,13 @@ def redis_url(cfg: StoreConfig) -> str:
     return cfg.redis_url
 
 
-def make_store(cfg: StoreConfig) -> Store:
+def make_store(cfg: StoreConfig, secret: str | None = None) -> Store:
+    """The store `cfg` names; Redis entries are sealed with a key derived from `secret` (the engine key)."""
     if cfg.kind == "redis":
-        return RedisStore(redis_url(cfg), cfg.key_prefix, cfg.op_timeout_seconds, cfg.error_backoff_seconds)
+        mac_key = store_mac_key(secret)
+        if mac_key is None:
+            log.warning("redis store: no router secret (engine key), so entries are not sealed against tampering")
+        return RedisStore(
+            redis_url(cfg), cfg.key_prefix, cfg.op_timeout_seconds, cfg.error_backoff_seconds, mac_key=mac_key
+        )
     return MemoryStore(cfg.max_entries, cfg.max_bytes)

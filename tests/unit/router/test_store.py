@@ -29,6 +29,7 @@ from duplex_sidecars.router.store import (
     RedisStore,
     StoreError,
     pack_params,
+    store_mac_key,
     unpack_params,
 )
 
@@ -192,6 +193,34 @@ async def test_dropping_a_redis_endpoint_reads_its_index_in_batches(redis_server
         assert (await s.take("other")).params is not None
     finally:
         await s.close()
+
+
+@pytest.mark.redis
+async def test_sealed_redis_entries_cannot_be_forged_or_moved(redis_server):
+    # Before: whoever could write Redis could copy tenant A's entry under tenant B's key, or write one of its own.
+    key = store_mac_key("the-engine-key")
+    a = RedisStore(redis_server.url, "seal:", op_timeout=10.0, error_backoff=0.0, mac_key=key)
+    b = RedisStore(redis_server.url, "seal:", op_timeout=10.0, error_backoff=0.0, mac_key=key)
+    other = RedisStore(redis_server.url, "seal:", op_timeout=10.0, error_backoff=0.0, mac_key=store_mac_key("x"))
+    unsealed = RedisStore(redis_server.url, "seal:", op_timeout=10.0, error_backoff=0.0)
+    try:
+        await a.put("tenant-a", entry(D1), ttl=60)
+        assert (await b.take("tenant-a")).params is not None  # the routers share one secret
+        await a.put("tenant-a", entry(D1), ttl=60)
+        await a._redis.copy("seal:tenant-a", "seal:tenant-b")  # moved under another key
+        with pytest.raises(StoreError, match="integrity"):
+            await b.take("tenant-b")
+        with pytest.raises(StoreError, match="integrity"):
+            await other.take("tenant-a")  # sealed with another secret
+        await unsealed.put("forged", entry(D1), ttl=60)  # written without the secret
+        with pytest.raises(StoreError, match="integrity"):
+            await a.take("forged")
+        await a.put("gone", entry(D2), ttl=60)
+        assert await a.drop_endpoint(D2) == 1
+        assert (await b.take("gone")).reason == ENDPOINT_GONE  # tombstones are sealed too
+    finally:
+        for s in (a, b, other, unsealed):
+            await s.close()
 
 
 @pytest.mark.redis
