@@ -10,6 +10,9 @@ import os
 import kopf
 from prometheus_client import start_http_server
 
+from duplex.policy import ENV as POLICY_ENV
+from duplex.policy import Policy
+
 
 def _workers(text: str) -> int:
     n = int(text)
@@ -28,8 +31,24 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--health-port", type=int, default=8081, help="liveness endpoint port (0: off)")
     parser.add_argument("--resync-seconds", type=float, help="periodic resync interval (default 60)")
     parser.add_argument("--workers", type=_workers, help="parents reconciled at once, 1-64 (default 8)")
+    parser.add_argument(
+        "--allow-privileged-efa",
+        action="store_true",
+        help="let servings ask for network.efa.privileged (privileged engine containers); off by default",
+    )
+    parser.add_argument(
+        "--allow-host-path",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="a node directory under which model.cache.hostPath may point (repeatable); none: no hostPath",
+    )
     parser.add_argument("--verbose", "-v", action="store_true")
     args = parser.parse_args(argv)
+    for prefix in args.allow_host_path:
+        if not prefix.startswith("/") or Policy(host_path_prefixes=(prefix,)).allows_host_path(prefix) is False:
+            parser.error(f"--allow-host-path {prefix!r}: an absolute, plain directory path is needed")
+    os.environ[POLICY_ENV] = Policy(args.allow_privileged_efa, tuple(args.allow_host_path)).to_env()
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

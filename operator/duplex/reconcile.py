@@ -16,9 +16,11 @@ from duplex.children.engine_key import with_fresh_key
 from duplex.children.kinds import CHILD_KINDS
 from duplex.converge import key, owned_by
 from duplex.kube import Kube
+from duplex.policy import Policy
 from duplex.sync import sync
 
 log = logging.getLogger("duplex.reconcile")
+POLICY = Policy.from_env()  # the operator's flags (operator_cli), read once by its workers
 
 
 @dataclass
@@ -46,7 +48,7 @@ def reconcile_once(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Map
 def _reconcile(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Mapping[str, Any]]) -> Outcome:
     meta = parent["metadata"]
     ns, name = meta["namespace"], meta["name"]
-    result = sync(parent, observed, parent.get("status"), at=status.now())
+    result = sync(parent, observed, parent.get("status"), at=status.now(), policy=POLICY)
     out = Outcome(ready=result.ready, invalid=result.invalid)
 
     current = {key(dict(o)): o for o in observed}
@@ -60,7 +62,7 @@ def _reconcile(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Mapping
     if made and len(made) == len(result.create):
         # The API server answered with the new Secret's uid: the core again, with it, so that the workloads that
         # wait for the key go out in this pass rather than in the next one (a settle interval and a pass later).
-        result = sync(parent, [*observed, *made], parent.get("status"), at=status.now())
+        result = sync(parent, [*observed, *made], parent.get("status"), at=status.now(), policy=POLICY)
         out = Outcome(applied=out.applied, ready=result.ready, invalid=result.invalid)
     for obj in result.apply:
         current[key(obj)] = kube.apply(obj)

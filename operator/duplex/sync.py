@@ -22,6 +22,8 @@ from duplex.api.status import DisaggregatedServingStatus
 from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, POD, SECRET, apply_rank, kind_of
 from duplex.children.router import fabric_configmap_name
 from duplex.converge import key, plan, with_owner
+from duplex.policy import DEFAULT as DEFAULT_POLICY
+from duplex.policy import Policy
 from duplex.render import InvalidSpec, Serving, desired_children, key_secret, parse
 
 
@@ -55,9 +57,11 @@ def sync(
     observed: Sequence[Mapping[str, Any]],
     previous: Mapping[str, Any] | None,
     at: str,
+    policy: Policy = DEFAULT_POLICY,
 ) -> SyncResult:
     """One DisaggregatedServing -> what to do about it. `observed`: its children as the watch last saw them;
-    `previous`: its status as last written; `at`: the time stamped on conditions that change now."""
+    `previous`: its status as last written; `at`: the time stamped on conditions that change now; `policy`: what
+    the cluster's administrator lets a serving ask for beyond its CRD (duplex.policy)."""
     meta = parent["metadata"]
     last = status_of.parse_previous(previous)
 
@@ -66,6 +70,9 @@ def sync(
         serving = parse(dict(parent), meta["namespace"])
     except InvalidSpec as err:
         return _refused(meta.get("generation"), str(err), last, previous, at)
+    denied = policy.violations(serving.spec)
+    if denied:
+        return _refused(meta.get("generation"), "; ".join(denied), last, previous, at)
 
     # 2. Desired children, owned by the parent and stamped with a hash of what they should hold; the workloads also
     # with the uid of the key Secret their pods read (a new Secret, a new key: they roll together).

@@ -20,6 +20,8 @@ from kubernetes_validate import utils as kv_utils
 from duplex import operator_cli
 from duplex.children.labels import labels as child_labels
 from duplex.children.router import STORE_MEMORY_SHARE
+from duplex.policy import ENV as POLICY_ENV
+from duplex.policy import Policy
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "observability"))
@@ -51,6 +53,7 @@ VARIANTS = {
     "tuned": {
         "image": {"digest": "sha256:" + "ab" * 32},
         "operator": {"resyncSeconds": 15, "workers": 8, "verbose": True, "metricsPort": 9090, "healthPort": 9091},
+        "policy": {"allowPrivilegedEFA": True, "allowedHostPathPrefixes": ["/mnt/raid0", "/data"]},
         "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/duplex"}},
         "podLabels": {"team": "ml-platform"},
         "priorityClassName": "system-cluster-critical",
@@ -255,7 +258,12 @@ def test_operator_args_run_the_real_cli(variant: str, tmp_path: Path, monkeypatc
     for name, value in (("DUPLEX_KUBECONFIG", ""), ("KUBECONFIG", ""), ("DUPLEX_RESYNC_SECONDS", "60")):
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("DUPLEX_WORKERS", raising=False)
+    monkeypatch.delenv(POLICY_ENV, raising=False)
     assert operator_cli.main(container["args"]) == 0
+    policy = values.get("policy", {})
+    assert Policy.from_env() == Policy(
+        policy.get("allowPrivilegedEFA", False), tuple(policy.get("allowedHostPathPrefixes", ()))
+    )
     assert os.environ.get("DUPLEX_WORKERS") == (str(values["operator"]["workers"]) if "operator" in values else None)
     watched = values.get("watchNamespaces", [])
     assert started["clusterwide"] is (not watched) and started["namespaces"] == watched

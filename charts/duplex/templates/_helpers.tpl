@@ -88,6 +88,13 @@ cluster-wide on workloads. Picked from the one list by resource, never retyped. 
 - --workers
 - {{ .Values.operator.workers | quote }}
 {{- end }}
+{{- if .Values.policy.allowPrivilegedEFA }}
+- --allow-privileged-efa
+{{- end }}
+{{- range .Values.policy.allowedHostPathPrefixes }}
+- --allow-host-path
+- {{ . | quote }}
+{{- end }}
 {{- if .Values.operator.verbose }}
 - --verbose
 {{- end }}

@@ -1,0 +1,70 @@
+"""What the cluster's administrator lets a DisaggregatedServing ask for beyond its CRD (duplex.policy): privileged
+engines and hostPath caches are refused unless the operator is told otherwise, like an invalid spec."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from dsv_helpers import spec
+from sync_helpers import LIVE, READY, T1, parent
+
+from duplex import operator_cli
+from duplex.policy import Policy
+from duplex.sync import Event, sync
+
+PRIVILEGED = {
+    "network": {"efa": {"enabled": True, "privileged": True}},
+    "prefill": {"memory": "1Gi"},
+    "decode": {"memory": "1Gi"},
+}
+
+
+def host_path(path: str) -> dict[str, Any]:
+    return {"model": {"cache": {"hostPath": {"path": path}}}}
+
+
+def test_by_default_privileged_engines_and_host_paths_are_refused() -> None:
+    (privileged,) = Policy().violations(spec(PRIVILEGED))
+    assert privileged.startswith("spec.network.efa.privileged:") and "--allow-privileged-efa" in privileged
+    (cache,) = Policy().violations(spec(host_path("/mnt/raid0")))
+    assert cache.startswith("spec.model.cache.hostPath.path: /mnt/raid0") and "allowed: none" in cache
+    assert Policy().violations(spec()) == []
+
+
+def test_an_administrator_allows_them() -> None:
+    assert Policy(allow_privileged_efa=True).violations(spec(PRIVILEGED)) == []
+    assert Policy(host_path_prefixes=("/mnt",)).violations(spec(host_path("/mnt/raid0/models"))) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "allowed"),
+    [
+        ("/mnt", True),
+        ("/mnt/raid0", True),
+        ("/mnt/raid0/", True),
+        ("/mntx", False),  # a prefix matches whole components
+        ("/mnt/../etc", False),
+        ("/mnt/./raid0", False),
+        ("/mnt//raid0", False),
+        ("/etc", False),
+    ],
+)
+def test_host_paths_match_whole_components_of_a_plain_path(path: str, allowed: bool) -> None:
+    assert Policy(host_path_prefixes=("/mnt",)).allows_host_path(path) is allowed
+
+
+def test_sync_refuses_what_the_policy_does_not_allow_and_leaves_the_children() -> None:
+    result = sync(parent(PRIVILEGED), LIVE, READY, at=T1)
+    assert result.invalid and "--allow-privileged-efa" in result.invalid
+    assert result.apply == result.delete == result.create == []
+    assert result.events == [Event("Warning", "ConfigInvalid", result.invalid)]
+    allowed = sync(parent(PRIVILEGED), LIVE, READY, at=T1, policy=Policy(allow_privileged_efa=True))
+    assert allowed.invalid is None
+
+
+def test_the_operator_refuses_a_host_path_prefix_that_is_not_a_plain_absolute_path() -> None:
+    # The flags' way to the workers is checked with the chart's rendered args (tests/unit/test_chart_render.py).
+    for prefix in ("relative/dir", "/mnt/../etc"):
+        with pytest.raises(SystemExit):
+            operator_cli.main(["--allow-host-path", prefix])
