@@ -54,6 +54,8 @@ def test_keyed_engines_refuse_strangers_and_serve_the_router() -> None:
         # a router without the key is refused by the same engines
         with RouterProcess(prefill=[prefill.url], decode=[decode.url], engine_key=None) as stranger:
             status, body = post(stranger.url + "/v1/chat/completions", chat([{"role": "user", "content": "hi"}]))
-            # the engines refused its legs: the deployment's fault, so a 502, never the client's 401
+            # the engines refused its legs: the deployment's fault, so a 502, never the client's 401; the client
+            # reads the leg's kind, the router's log says why (never an engine's address or key to a client)
             assert status == 502, (status, body)
-            assert "engine key" in body["error"]["message"]
+            assert body["error"]["message"] == "The prefill engine failed (server error)."
+            assert "refused the router's engine key" in stranger.log_tail(200)

@@ -131,7 +131,7 @@ EXPECTED_CHILDREN = {
     "serviceaccount": ["qwen3-32b-router"],
     "role": ["qwen3-32b-router"],
     "rolebinding": ["qwen3-32b-router"],
-    "configmap": ["qwen3-32b-fabric", "qwen3-32b-router"],
+    "configmap": ["qwen3-32b-fabric", "qwen3-32b-guard", "qwen3-32b-router"],
     "secret": ["qwen3-32b-engine-key"],
     "service": ["qwen3-32b-decode", "qwen3-32b-prefill", "qwen3-32b-router"],
     "networkpolicy": ["qwen3-32b-decode", "qwen3-32b-prefill", "qwen3-32b-router"],
