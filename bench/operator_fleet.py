@@ -3,7 +3,7 @@ and the servings themselves (pure: manifests in, manifests out).
 
 The servings are the seed example cut to one GPU per engine (an 8B-class model at TP 1, 2 of a p5en's 16 EFA
 devices), so eight engines share a fake p5en.48xlarge and 200 servings need 50 such nodes, not 400: the operator's
-work per serving (14 children, one status) does not depend on the engine's size."""
+work per serving (15 children, one status) does not depend on the engine's size."""
 
 from __future__ import annotations
 
