@@ -13,7 +13,7 @@ import collections
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable, Collection, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, cast
@@ -31,6 +31,8 @@ _DISCARD_LIMIT = 1 << 20  # body bytes read and dropped after an early answer be
 BODIES_HELD = "Request bodies held by the server are at their limit; retry shortly."
 
 Handler = Callable[["Request"], Awaitable[None]]
+# (method, path, headers) of a complete head -> None to go on, or the (status, JSON body) to answer instead
+Admit = Callable[[str, str, Mapping[str, str]], "tuple[int, bytes] | None"]
 
 
 class ClientGone(ConnectionError):
@@ -76,6 +78,7 @@ class Request:
         "method",
         "path",
         "query",
+        "refusal",
         "started",
         "status",
     )
@@ -103,6 +106,7 @@ class Request:
         self.finished = False  # the whole response is out
         self.status = 0
         self.held = 0  # bytes its body holds of the server's limits.max_held_bodies, until its handler ends
+        self.refusal: bytes | None = None  # the body of limits.admit's answer, when it refused the head
         self._head_only = method == "HEAD"
 
     def header(self, name: str) -> str | None:
@@ -203,8 +207,11 @@ class Limits:
     `write_stall_seconds` without the client reading any of it is cut, and its handler's next write or drain raises
     ClientGone. `max_held_bodies` bounds the request bodies held at once across every connection (being read, queued
     behind another request or with their handler), reserved from the Content-Length when a head is complete (a chunked
-    body as it arrives): one more is answered 503 with Retry-After. Each refusal is reported to `on_reject` with its
-    reason: connections, inflight, bodies, head_timeout, body_timeout, write_timeout."""
+    body as it arrives): one more is answered 503 with Retry-After. `admit` sees each request's head as soon as it is
+    complete, before its body is reserved or read: a (status, body) it returns is the answer (the body is read and
+    dropped, then the connection closes), so that a request the application would refuse anyway (no valid key) holds
+    nothing. Each refusal is reported to `on_reject` with its reason: connections, inflight, bodies, head_timeout,
+    body_timeout, write_timeout (`admit` counts its own)."""
 
     def __init__(
         self,
@@ -218,6 +225,7 @@ class Limits:
         max_header_fields: int = 100,
         write_stall_seconds: float = 60.0,
         max_held_bodies: int = 256 * 1024 * 1024,
+        admit: Admit = lambda method, path, headers: None,
         limited: Callable[[str, str], bool] = lambda method, path: True,
         on_reject: Callable[[str], None] = lambda reason: None,
     ):
@@ -230,6 +238,7 @@ class Limits:
         self.max_header_fields = max_header_fields
         self.write_stall_seconds = write_stall_seconds
         self.max_held_bodies = max_held_bodies
+        self.admit = admit
         self.limited = limited
         self.on_reject = on_reject
 
@@ -255,6 +264,7 @@ class _Connection(asyncio.Protocol):
         self._held = 0  # bytes of the body being read reserved against limits.max_held_bodies
         self._declared = False  # the body being read came with a Content-Length (reserved whole at its head)
         self._over_budget = False  # ... and found no room among the bodies held
+        self._refusal: tuple[int, bytes] | None = None  # what `admit` answered for the request being read
         self._queue: collections.deque[Request] = collections.deque()
         self._busy = False  # a handler is running
         self._last = False  # nothing after the queued requests is read (Connection: close, upgrade, garbage)
@@ -370,6 +380,7 @@ class _Connection(asyncio.Protocol):
         self._too_large = False
         self._declared = False
         self._over_budget = False
+        self._refusal = None
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -420,7 +431,12 @@ class _Connection(asyncio.Protocol):
         length = self._headers.get("content-length")
         self._declared = length is not None
         limit = self._server.limits.max_body()
-        if length is not None and length.isdigit() and int(length) > limit:
+        self._refusal = self._server.limits.admit(
+            self._parser.get_method().decode("latin-1"), self._url.partition(b"?")[0].decode("latin-1"), self._headers
+        )
+        if self._refusal is not None:
+            self._refuse_early(*self._refusal)
+        elif length is not None and length.isdigit() and int(length) > limit:
             self._too_large = True
             self._answer_early(413, f"Request body of {length} bytes exceeds the limit of {limit} bytes.")
         elif length is not None and length.isdigit() and not self._reserve(int(length)):
@@ -439,7 +455,7 @@ class _Connection(asyncio.Protocol):
             if self._discard > _DISCARD_LIMIT:
                 self.abort()
             return
-        if self._too_large or self._over_budget:
+        if self._too_large or self._over_budget or self._refusal is not None:
             return
         if not self._declared and not self._reserve(len(body)):  # chunked: reserved as it comes
             self._over_budget = True
@@ -471,7 +487,9 @@ class _Connection(asyncio.Protocol):
         )
         request.keep_alive = parser.should_keep_alive()
         request.held, self._held = self._held, 0
-        if self._too_large or self._over_budget:
+        if self._refusal is not None:
+            request.status, request.refusal = self._refusal[0], self._refusal[1]
+        elif self._too_large or self._over_budget:
             request.status = 413 if self._too_large else 503
             self._server.release(request)  # its body is dropped
         elif (request.http11 and "host" not in self._headers) or (self._repeated and "host" in self._repeated):
@@ -537,6 +555,15 @@ class _Connection(asyncio.Protocol):
         server.held_bodies += n
         self._held += n
         return True
+
+    def _refuse_early(self, status: int, body: bytes) -> None:
+        """`admit`'s answer, written like `_answer_early`'s (in turn when answers before it are still going out)."""
+        if self._busy or self._queue:
+            return
+        self._discard = 1
+        self._body = []
+        assert self.transport is not None  # parser callbacks come after connection_made
+        self.transport.write(self._server.response_bytes(status, body))
 
     def _answer_early(self, status: int, message: str, retry_after: bool = False) -> None:
         """Answer before the body is in (it is too large), then read and drop the rest of it, then close: closing
@@ -667,7 +694,10 @@ class FrontServer:
 
     def error_bytes(self, status: int, message: str, retry_after: bool = False) -> bytes:
         """A whole error response, with Connection: close."""
-        body = self.error_body(status, message)
+        return self.response_bytes(status, self.error_body(status, message), retry_after)
+
+    def response_bytes(self, status: int, body: bytes, retry_after: bool = False) -> bytes:
+        """A whole JSON response, with Connection: close."""
         framing = b"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n" % len(body)
         if retry_after:
             framing += b"Retry-After: 1\r\n"
@@ -699,6 +729,13 @@ class FrontServer:
         task.add_done_callback(self._tasks.discard)
 
     async def _handle(self, request: Request) -> None:
+        if request.refusal is not None:  # `admit` refused its head
+            request.keep_alive = False
+            try:
+                request.respond(request.status, request.refusal)
+            except ClientGone:
+                pass
+            return
         if request.status == 413:
             request.keep_alive = False
             self._answer_error(request, 413, f"Request body exceeds the limit of {self.limits.max_body()} bytes.")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +64,7 @@ class Router:
         self._show_store_bound()
         self.limits = Limits(
             lambda: self.config.max_body_bytes,
+            admit=self.admit,
             limited=_counted,
             on_reject=lambda reason: self.metrics.rejected.labels(reason).inc(),
         )  # the API server's; a reload changes them in place
@@ -100,6 +101,19 @@ class Router:
         """What a computed and a read token cost, as fitted so far (router/calibration.py), or None."""
         calibration = self.live.deps.calibration
         return calibration.report() if calibration is not None else None
+
+    def admit(self, method: str, path: str, headers: Mapping[str, str]) -> tuple[int, bytes] | None:
+        """A completion's head, before its body is reserved or read: with client keys on and no key the router knows,
+        the route's own 401 at once, so that an unauthenticated client holds no body (the handler checks again)."""
+        api = APIS.get(path)
+        keys = self.live.client_keys
+        if api is None or keys is None or method != "POST":
+            return None
+        if keys.tenant_for(presented_key(headers.get("authorization"), headers.get("x-api-key"))) is not None:
+            return None
+        self.metrics.rejected.labels("unauthorized").inc()
+        err = Unauthorized()
+        return err.status, api.error_body(err.status, err.message, err.type, err.code)
 
     def apply_limits(self) -> None:
         """The client limits of the config, applied to the HTTP server (on start and on every reload)."""

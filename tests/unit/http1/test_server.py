@@ -74,6 +74,7 @@ UVICORN_DIFFERS = {
     "test_the_head_limit_counts_raw_bytes_with_their_separators": "no head size limit",
     "test_bodies_held_across_connections_are_bounded": "no bound on the request bodies held at once",
     "test_a_chunked_body_is_counted_as_it_comes": "no bound on the request bodies held at once",
+    "test_a_head_the_application_refuses_is_answered_before_its_body": "no hook at the end of a head",
 }
 
 
@@ -621,6 +622,25 @@ async def test_a_client_that_leaves_mid_body_gives_back_what_it_reserved(make_se
     again = await connect(server)
     await again.send(post("/", b"w" * 900))
     assert (await again.reply()).status == 200
+
+
+async def test_a_head_the_application_refuses_is_answered_before_its_body(make_server, connect):
+    handler = Recording()
+
+    def admit(method: str, path: str, headers: Any) -> tuple[int, bytes] | None:
+        return (401, b'{"error":"no key"}') if headers.get("authorization") != "Bearer k" else None
+
+    server = await make_server(handler, max_body=lambda: 1000, max_held_bodies=1000, admit=admit)
+    client = await connect(server)
+    await client.send(get("/", b"Content-Length: 900", method=b"POST"))  # the head only: no body byte sent yet
+    refused = await client.reply()
+    assert (refused.status, refused.body) == (401, b'{"error":"no key"}') and refused.header("Connection") == "close"
+    assert held_bodies(server) == 0
+    await client.send(b"x" * 900)  # the body, read and dropped
+    assert await client.closed()
+    keyed = await connect(server)
+    await keyed.send(post("/", b"y" * 900, b"Authorization: Bearer k"))
+    assert (await keyed.reply()).status == 200 and handler.calls == ["/"]
 
 
 async def test_body_limit_is_read_per_request(make_server, connect):

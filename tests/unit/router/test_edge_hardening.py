@@ -165,3 +165,22 @@ def test_a_failed_leg_tells_the_client_its_kind_never_an_engine_address(failures
     err = leg_error("decode", [LegFailure(kind, detail, status=status) for kind, detail, status in failures])
     assert "198.18" not in err.message and "engine key" not in err.message
     assert err.message == f"The decode engine failed ({reason})." and err.status == 502
+
+
+async def test_without_a_known_key_a_completion_is_refused_at_its_head_in_the_routes_shape(make_rig, tmp_path):
+    # Before: the body was read (up to max_body_bytes per request) and only then was the key checked (issue 23).
+    rig = await make_rig(client_keys_dir=str(keys_dir(tmp_path, alice="key-a")))
+    host, port = rig.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        head_only = b"POST /v1/messages HTTP/1.1\r\nHost: r\r\nx-api-key: wrong\r\nContent-Length: 4000000\r\n\r\n"
+        writer.write(head_only)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)  # answered before a body byte is sent
+        assert head.startswith(b"HTTP/1.1 401 ")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        body = json.loads(await reader.readexactly(length))
+        assert body["type"] == "error" and body["error"]["type"] == "authentication_error"  # Anthropic's shape
+        assert front_of(rig).held_bodies == 0
+        assert rig.metric("duplex_router_rejected_requests_total", reason="unauthorized") == 1
+    finally:
+        writer.close()
