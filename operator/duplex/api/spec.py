@@ -564,6 +564,14 @@ class RouterSpec(Model):
         "held at once are bounded too, by a tenth of router.memory (at least one such body).",
     )
     limits: RouterLimitsSpec = Field(default_factory=RouterLimitsSpec, description="Client limits and deadlines.")
+    client_keys_secret: Name | None = Field(
+        None,
+        description="A Secret of client API keys in the serving's namespace, one key per tenant (the key's name is "
+        "the tenant, its value the API key). When set, completions and /v1/models need a known key (Authorization: "
+        "Bearer, or x-api-key), checked as soon as a request's head is in, and a conversation's tenant is its key's "
+        "name. Keys added, removed or rotated in the Secret apply without a restart. Unset: clients are not "
+        "authenticated, and those without Authorization share one anonymous tenant.",
+    )
     canary: CanarySpec = Field(default_factory=CanarySpec, description="Verified disaggregation after each rollout.")
 
 

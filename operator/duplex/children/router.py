@@ -27,6 +27,7 @@ from duplex_sidecars.router.config import (
 
 CONFIG_KEY = "router.json"
 # Share of the router container's memory limit the conversation store may fill; the rest is the process itself.
+CLIENT_KEYS_DIR = "/etc/duplex-client-keys"  # beside CONFIG_DIR: a mount point inside a ConfigMap volume cannot be made
 STORE_MEMORY_SHARE = 0.6
 BODIES_MEMORY_SHARE = 0.1  # request bodies held at once (client_limits.max_held_body_bytes)
 CONFIG_DIR = "/etc/duplex"
@@ -111,6 +112,7 @@ def router_config(
             calibration_min_samples=spec.kv_transfer.recompute_calibration.min_samples,
         ),
         engine_api_key_env=engine_key.ROUTER_ENV,
+        client_keys_dir=CLIENT_KEYS_DIR if spec.router.client_keys_secret else None,
     )
 
 
@@ -154,6 +156,7 @@ def router_deployment(
         ref = router.store.redis.url_secret
         env.append({"name": REDIS_URL_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     amounts = {"cpu": router.cpu, "memory": router.memory}
+    mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
     container = {
         "name": "router",
         "image": router.image,
@@ -177,14 +180,21 @@ def router_deployment(
             "capabilities": {"drop": ["ALL"]},
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+        "volumeMounts": mounts,
     }
+    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": name}}]
+    if router.client_keys_secret:
+        # Mounted as a directory (not subPath), so that the kubelet swaps rotated keys in and the router rereads them.
+        volumes.append(
+            {"name": "client-keys", "secret": {"secretName": router.client_keys_secret, "defaultMode": 0o440}}
+        )
+        mounts.append({"name": "client-keys", "mountPath": CLIENT_KEYS_DIR, "readOnly": True})
     pod_spec: dict[str, Any] = {
         "serviceAccountName": name,
         "enableServiceLinks": False,
         "containers": [container],
         # The mounted file updates in place; the router reloads it without a restart (no conversation state lost).
-        "volumes": [{"name": "config", "configMap": {"name": name}}],
+        "volumes": volumes,
     }
     if router.node_selector:
         pod_spec["nodeSelector"] = dict(router.node_selector)

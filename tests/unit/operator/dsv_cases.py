@@ -137,6 +137,7 @@ FULL: dict[str, Any] = {
             "idleTimeout": 20,
             "replayPrefillTimeout": 15,
         },
+        "clientKeysSecret": "api-keys",
         "canary": {"enabled": False, "promptWords": 500},
     },
 }
@@ -263,6 +264,7 @@ DEFAULTS: dict[str, Any] = {
             "idleTimeout": 75,
             "replayPrefillTimeout": 30,
         },
+        "clientKeysSecret": None,
         "canary": {"enabled": True, "promptWords": None},
     },
 }

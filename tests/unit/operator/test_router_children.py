@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from dsv_helpers import container, env_map, spec
+from dsv_helpers import children, container, env_map, find, spec
 
 from duplex.children.kv_config import kv_transfer_config
 from duplex.children.labels import ROLE_LABEL, SERVING_LABEL
@@ -339,3 +339,14 @@ def test_router_memory_minimum(memory: str) -> None:
     with pytest.raises(InvalidSpec) as err:
         parse_spec({"model": {"name": "m"}, "router": {"memory": memory}})
     assert "router.memory must be at least 256Mi" in str(err.value)
+
+
+def test_client_keys_come_from_a_secret_mounted_as_a_directory() -> None:
+    assert parsed_config().client_keys_dir is None
+    keyed = {"router": {"clientKeysSecret": "api-keys"}}
+    assert parsed_config(keyed).client_keys_dir == "/etc/duplex-client-keys"
+    pod = find(children(keyed), "Deployment", "demo-router")["spec"]["template"]["spec"]
+    assert {"name": "client-keys", "secret": {"secretName": "api-keys", "defaultMode": 0o440}} in pod["volumes"]
+    (ctr,) = pod["containers"]
+    # a directory, not subPath: the kubelet swaps rotated keys in, and the router rereads them without a restart
+    assert {"name": "client-keys", "mountPath": "/etc/duplex-client-keys", "readOnly": True} in ctr["volumeMounts"]
