@@ -20,7 +20,7 @@ from typing import Any
 import kopf
 
 from duplex.api.meta import GROUP, KIND, PLURAL, VERSION
-from duplex.children.kinds import CHILD_KINDS, POD, ChildKind
+from duplex.children.kinds import POD, WATCHED_CHILD_KINDS, ChildKind
 from duplex.children.labels import MANAGED_BY, ROLE_LABEL, SERVING_LABEL
 from duplex.kube import Kube, load_config
 from duplex.workers import CONCURRENCY, SETTLE_SECONDS, Caches, Workers
@@ -97,14 +97,17 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **indices: Any
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         # kopf logs each event handler's success at INFO: one line per child event, nothing worth reading.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    for kind in (*CHILD_KINDS, POD):  # the server filters the child watches: the indices hold only what we manage
+    for kind in (
+        *WATCHED_CHILD_KINDS,
+        POD,
+    ):  # the server filters the child watches: the indices hold only what we manage
         settings.watching.label_selectors[kind.group, kind.version, kind.plural] = (
             f"app.kubernetes.io/managed-by={MANAGED_BY}"
         )
     # kopf hands startup handlers its indices empty; the watch streams fill them before any event handler runs.
     caches = Caches(
         servings=indices["servings"],
-        children=tuple(indices[index_id(kind)] for kind in CHILD_KINDS),
+        children=tuple(indices[index_id(kind)] for kind in WATCHED_CHILD_KINDS),
         pods=indices["engine_pods"],
     )
     kube = Kube(load_config(os.environ.get("DUPLEX_KUBECONFIG") or None, WORKERS))  # fails fast on a bad kubeconfig
@@ -139,7 +142,7 @@ async def _child_changed(meta: kopf.Meta, memo: kopf.Memo, **_: Any) -> None:
         memo.queue.add(uid, SETTLE_SECONDS)
 
 
-for _kind in CHILD_KINDS:
+for _kind in WATCHED_CHILD_KINDS:
     kopf.index(group=_kind.group, version=_kind.version, plural=_kind.plural, id=index_id(_kind))(_by_owner)
     kopf.on.event(group=_kind.group, version=_kind.version, plural=_kind.plural, id=f"{_kind.plural}_changed")(
         _child_changed

@@ -12,8 +12,8 @@ from typing import Any
 
 from duplex import metrics, status
 from duplex.apierrors import ApiError
-from duplex.children.engine_key import with_fresh_key
-from duplex.children.kinds import CHILD_KINDS
+from duplex.children.engine_key import secret_name, with_fresh_key
+from duplex.children.kinds import CHILD_KINDS, SECRET
 from duplex.converge import key, owned_by
 from duplex.kube import Kube
 from duplex.policy import Policy
@@ -48,6 +48,7 @@ def reconcile_once(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Map
 def _reconcile(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Mapping[str, Any]]) -> Outcome:
     meta = parent["metadata"]
     ns, name = meta["namespace"], meta["name"]
+    observed = [*observed, *_key_secret(kube, parent, observed)]
     result = sync(parent, observed, parent.get("status"), at=status.now(), policy=POLICY)
     out = Outcome(ready=result.ready, invalid=result.invalid)
 
@@ -114,6 +115,20 @@ def _create_once(kube: Kube, parent: Mapping[str, Any], secret: dict[str, Any]) 
     )
     kube.post_event(dict(parent), "Warning", "EngineKeyConflict", message)
     raise ForeignSecret(status=409, reason="AlreadyExists", message=message)
+
+
+def _key_secret(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The serving's engine key Secret, read by name (Secrets are never listed or watched), unless `observed` holds
+    it already; without its data. Only one this serving owns counts: a stranger's of that name is left for the
+    create to find (and report)."""
+    meta = parent["metadata"]
+    name = secret_name(meta["name"])
+    if any(o.get("kind") == SECRET.kind and o["metadata"]["name"] == name for o in observed):
+        return []
+    stored = kube.get(SECRET.manifest({"name": name, "namespace": meta["namespace"]}))
+    if stored is None or not owned_by(stored, meta["uid"]):
+        return []
+    return [_without_data(stored)]
 
 
 def _without_data(secret: dict[str, Any]) -> dict[str, Any]:

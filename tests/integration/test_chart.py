@@ -184,6 +184,11 @@ def test_install_upgrade_rollback_uninstall(cluster, kubectl, helm, release_name
         kubectl.apply(seed(namespace))
         ready(kubectl, namespace)
         assert not accepts_probe_field(kubectl, namespace)
+        # The default install reads no Secret it does not name (on EKS, kube-system's included): each pass GETs its
+        # serving's engine key by name, and the serving's owner reference has the garbage collector delete it.
+        user = f"system:serviceaccount:{release_namespace}:{sa}"
+        for verb, answer in (("list", "no"), ("watch", "no"), ("delete", "no"), ("get", "yes"), ("create", "yes")):
+            assert can_i(kubectl, verb, "secrets", "kube-system", user) == answer, verb
 
         # ---- upgrade: a chart whose CRD has a new field, and a changed value ----
         crd_version = kubectl.json("get", "crd", CRD_NAME)["metadata"]["resourceVersion"]

@@ -31,7 +31,7 @@ from operator_harness import (
 
 from duplex.api.meta import PLURAL
 from duplex.apierrors import ApiError, Failure
-from duplex.children.kinds import CHILD_KINDS, CONFIG_MAP, OBSERVED_KINDS
+from duplex.children.kinds import CHILD_KINDS, CONFIG_MAP, OBSERVED_KINDS, WATCHED_CHILD_KINDS
 from duplex.handlers import LEGACY_FINALIZER
 from duplex.kube import Kube
 from duplex.permissions import required
@@ -52,7 +52,7 @@ CHILD_KIND_NAMES = (
     "deployment",
 )
 # What kopf watches for this operator: one LIST at start, then one WATCH each, resumed from the last resourceVersion.
-WATCHED = {"customresourcedefinitions", PLURAL, *(k.plural for k in (*CHILD_KINDS, *OBSERVED_KINDS))}
+WATCHED = {"customresourcedefinitions", PLURAL, *(k.plural for k in (*WATCHED_CHILD_KINDS, *OBSERVED_KINDS))}
 RESYNC_SECONDS = 2.0  # the harness's --resync-seconds
 # A bound on a restarted operator's start (imports, login, LIST and WATCH of every kind): seconds when the machine
 # is quiet, but over a minute has been seen on a 2-core machine shared with CPU vLLM engines.
@@ -428,7 +428,8 @@ def test_a_restarted_operator_lists_each_watched_kind_once_and_writes_nothing(
 ):
     """What kopf itself does at start, exactly: discovery, one LIST per watched kind (children filtered by the
     managed-by label on the server), one WATCH each from that LIST's resourceVersion. Then the operator's passes,
-    fed from those watches, find everything converged: no write, no other read."""
+    fed from those watches, find everything converged: no write, and no other read but each pass's GET of its
+    engine key Secret by name (Secrets are never listed or watched)."""
     kubectl.apply(seed(namespace))
     wait_for(lambda: is_ready(kubectl, namespace), timeout=120, what="Ready")
     wait_for(lambda: only_serving_left(kubectl, namespace), timeout=120, what="earlier tests' servings gone")
@@ -451,7 +452,11 @@ def test_a_restarted_operator_lists_each_watched_kind_once_and_writes_nothing(
     discovery = [r for r in requests if resource(r) is None]
     assert all(r["verb"] == "get" and re.fullmatch(r"/apis?(/[^/?]+){0,2}", r["requestURI"]) for r in discovery)
     assert len({r["requestURI"] for r in discovery}) == len(discovery)  # each document fetched once
-    rest = [r for r in requests if r not in discovery and r["verb"] not in ("list", "watch")]
+    key_reads = [r for r in requests if r["verb"] == "get" and resource(r) == "secrets"]
+    assert key_reads and {r["requestURI"] for r in key_reads} == {
+        f"/api/v1/namespaces/{namespace}/secrets/qwen3-32b-engine-key"
+    }, summary(key_reads)
+    rest = [r for r in requests if r not in discovery and r not in key_reads and r["verb"] not in ("list", "watch")]
     assert rest == [], summary(rest)
     assert is_ready(kubectl, namespace)
 
@@ -607,6 +612,8 @@ def test_operator_identity_is_least_privilege(op, cluster, kubectl):
     denied = [
         ("patch", "secrets"),  # the engine key is created once, never changed
         ("update", "secrets"),
+        ("list", "secrets"),  # ... and read by name: no Secret the operator does not name
+        ("watch", "secrets"),
         ("get", "pods"),  # engine pods are watched for their preflight reports, never read one by one
         ("patch", "pods"),
         ("create", "clusterroles.rbac.authorization.k8s.io"),

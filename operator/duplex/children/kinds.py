@@ -13,9 +13,10 @@ from typing import Any
 # What the operator does with a child kind: kopf watches it (an initial LIST, then WATCH), server-side apply
 # PATCHes it (and needs `create` when the object does not exist yet), stale children are deleted.
 CHILD_VERBS = ("list", "watch", "create", "patch", "delete")
-# A kind the operator only creates once and never changes (the engine key Secret): no patch. `get` tells one of its
-# own that the watch has not brought yet from someone else's of the same name (list and watch can read it anyway).
-CREATE_ONLY_VERBS = ("list", "watch", "get", "create", "delete")
+# A kind the operator only creates once and never changes, and does not watch (the engine key Secret): read by name
+# on each pass, created when missing. No list or watch, so the operator can read no Secret it does not name; no
+# delete, since its owner reference lets the garbage collector remove it with its serving.
+CREATE_ONLY_VERBS = ("get", "create")
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class ChildKind:
     plural: str
     namespaced: bool = True
     verbs: tuple[str, ...] = CHILD_VERBS
+    watched: bool = True  # listed and watched (its own kopf index); else read by name in each pass
 
     @property
     def api_version(self) -> str:
@@ -42,7 +44,7 @@ ROLE_BINDING = ChildKind("rbac.authorization.k8s.io", "v1", "RoleBinding", "role
 CONFIG_MAP = ChildKind("", "v1", "ConfigMap", "configmaps")
 SERVICE = ChildKind("", "v1", "Service", "services")
 # Created once with a random key, never patched: rotating the key on a pass would cut the router off the engines.
-SECRET = ChildKind("", "v1", "Secret", "secrets", verbs=CREATE_ONLY_VERBS)
+SECRET = ChildKind("", "v1", "Secret", "secrets", verbs=CREATE_ONLY_VERBS, watched=False)
 NETWORK_POLICY = ChildKind("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies")
 DEPLOYMENT = ChildKind("apps", "v1", "Deployment", "deployments")
 
@@ -58,6 +60,7 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
     NETWORK_POLICY,
     DEPLOYMENT,
 )
+WATCHED_CHILD_KINDS = tuple(k for k in CHILD_KINDS if k.watched)
 
 # Watched for what they report, never written: engine pods (their preflight results). Pods are owned by ReplicaSets,
 # so the shell finds a pod's parent by its serving label.

@@ -135,7 +135,7 @@ class RecordingKube:
         if not self.exists:
             return None
         owners = [{"kind": "DisaggregatedServing", "name": "other", "uid": self.owner}] if self.owner else []
-        return {**obj, "metadata": {**obj["metadata"], "ownerReferences": owners}}
+        return {**obj, "metadata": {**obj["metadata"], "uid": "uid-existing", "ownerReferences": owners}}
 
     def delete(self, obj: dict[str, Any]) -> None:
         self.calls.append(("delete", *refs([obj])))

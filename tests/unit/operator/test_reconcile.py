@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sync_helpers import ALL, BAD, FIRST, KEY_SECRET, LIVE, LOADING, READY, P, RecordingKube, stale
+from sync_helpers import ALL, BAD, KEY_SECRET, LIVE, LOADING, READY, P, RecordingKube, stale
 
 from duplex.apierrors import ApiError, Failure
 from duplex.reconcile import ForeignSecret, reconcile_once
@@ -23,6 +23,7 @@ def test_a_new_parent_applies_everything_then_writes_status_then_posts_events() 
     kube = RecordingKube()
     outcome = reconcile_once(kube, P, [])  # type: ignore[arg-type]
     assert kube.calls == [
+        ("get", KEY_SECRET),  # Secrets are read by name, never watched
         ("create", KEY_SECRET),
         *(("apply", ref) for ref in ALL),
         ("status", "ns1/demo"),
@@ -42,11 +43,11 @@ def test_the_shell_draws_a_fresh_random_key_and_keeps_an_existing_one() -> None:
         (secret,) = kube.created
         keys.append(secret["stringData"]["api-key"])
     assert keys[0] != keys[1] and min(map(len, keys)) >= 43  # 256 random bits, base64url
-    # The watch had not brought the Secret yet: AlreadyExists means it is there, with its key; the pass goes on.
+    # Read by name, it is there with its key: nothing is created, and the workloads roll with its uid.
     kube = RecordingKube(exists=True)
     outcome = reconcile_once(kube, P, [])  # type: ignore[arg-type]
-    assert kube.created == [] and outcome.applied == [KEY_SECRET, *FIRST]
-    assert ("get", KEY_SECRET) in kube.calls
+    assert kube.created == [] and kube.calls[0] == ("get", KEY_SECRET) and outcome.applied == ALL
+    assert all("uid-existing" in str(o["spec"]["template"]) for o in kube.applied if o["kind"] == "Deployment")
 
 
 @pytest.mark.parametrize("owner", [None, "uid-of-another-serving"])
