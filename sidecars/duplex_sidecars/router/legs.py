@@ -28,6 +28,17 @@ log = logging.getLogger(__name__)
 REPLAY_MAX_IDLE_SECONDS = 1.0
 
 
+def json_reply(raw: bytes, leg: str) -> tuple[dict[str, Any], bool]:
+    """An engine's JSON object reply, and whether it was read exactly (jsonio); a broken leg if it is not one."""
+    try:
+        reply, exact = jsonio.loads(raw)
+    except ValueError as exc:
+        raise LegFailure(BROKEN, f"{leg} reply is not JSON: {exc}") from exc
+    if not isinstance(reply, dict):
+        raise LegFailure(BROKEN, f"{leg} reply is not a JSON object")
+    return reply, exact
+
+
 class LegFailure(Exception):
     def __init__(self, kind: str, detail: str, status: int | None = None, body: bytes | None = None):
         super().__init__(detail)
@@ -153,12 +164,7 @@ class LegClient:
             if resp is not None:
                 resp.close()
             raise _classify(exc) from exc
-        try:
-            reply, _ = jsonio.loads(raw)
-        except ValueError as exc:
-            raise LegFailure(BROKEN, f"prefill reply is not JSON: {exc}") from exc
-        if not isinstance(reply, dict):
-            raise LegFailure(BROKEN, "prefill reply is not a JSON object")
+        reply, _ = json_reply(raw, "prefill")
         return reply, resp.resent
 
     async def open_decode(

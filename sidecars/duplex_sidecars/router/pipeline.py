@@ -272,12 +272,7 @@ def decode_failed(deps: Deps, turn: Turn, engine: Engine, failure: LegFailure) -
 async def relay_body(deps: Deps, ctx: Context, engine: Engine, answer: legs.DecodeAnswer) -> None:
     turn, exchange = ctx.turn, ctx.exchange
     raw = await answer.read_body(deps.config.timeouts.decode_idle_seconds)
-    try:
-        body, exact = jsonio.loads(raw)
-    except ValueError as exc:
-        raise LegFailure(BROKEN, f"decode reply is not JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise LegFailure(BROKEN, "decode reply is not a JSON object")
+    body, exact = legs.json_reply(raw, "decode")
     kv_params = protocol.pop_kv_params(body)
     # A reply only the lenient parser could read (NaN, ...) is relayed but not compared: a tombstone is stored.
     reply = turn.api.reply_of_body(body) if exact else Reply(choices=0)
