@@ -18,10 +18,10 @@ from duplex_sidecars.router.history import (
     History,
     Reply,
     canonical,
+    header_tenant,
     normalize_message,
     scope_digest,
     state_key,
-    tenant_of,
 )
 
 _WORDS = tuple(a + b for a in "bcdfghklmnprstvz" for b in ("a", "e", "i", "o", "u", "ar", "en", "is"))
@@ -105,7 +105,7 @@ def measure(tokens: int, budget: float = 0.4) -> dict[str, Any]:
     def parse() -> None:
         b, _ = jsonio.loads(raw)
         b.pop("conversation_id")
-        key = state_key(tenant_of(None), b["model"], "c-1")
+        key = state_key(header_tenant([None]), b["model"], "c-1")
         History.of_request(CHAT_ROUTE, b)
         scope_digest(CHAT_ROUTE, b)
         assert key
