@@ -43,12 +43,20 @@ def main(argv: list[str]) -> int:
         metavar="PREFIX",
         help="a node directory under which model.cache.hostPath may point (repeatable); none: no hostPath",
     )
+    parser.add_argument(
+        "--allow-image",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="servings' images must start with one of these (repeatable), e.g. a registry; none given: any image",
+    )
     parser.add_argument("--verbose", "-v", action="store_true")
     args = parser.parse_args(argv)
     for prefix in args.allow_host_path:
         if not prefix.startswith("/") or Policy(host_path_prefixes=(prefix,)).allows_host_path(prefix) is False:
             parser.error(f"--allow-host-path {prefix!r}: an absolute, plain directory path is needed")
-    os.environ[POLICY_ENV] = Policy(args.allow_privileged_efa, tuple(args.allow_host_path)).to_env()
+    policy = Policy(args.allow_privileged_efa, tuple(args.allow_host_path), tuple(args.allow_image))
+    os.environ[POLICY_ENV] = policy.to_env()
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -5,6 +5,10 @@ off unless the operator is told otherwise (its flags; the chart's `policy` value
 * `network.efa.privileged`: a privileged engine container (`--allow-privileged-efa`).
 * `model.cache.hostPath`: a node directory mounted into the engines, only under the prefixes given
   (`--allow-host-path PREFIX`, repeatable; none: no hostPath at all). A prefix matches whole path components.
+* images (`model.image`, `router.image`, `network.preflight.image`): when `--allow-image PREFIX` is given (repeatable),
+  only images that start with one of them, e.g. `123456789012.dkr.ecr.us-west-2.amazonaws.com/`; none given: any.
+  A pod runs what its image holds with the Secrets its env names, so a cluster that limits who reads Secrets limits
+  images too.
 
 A serving that asks for more is refused like an invalid spec: its children stay as they are, and its status and a
 Warning Event say which field and which flag.
@@ -26,6 +30,7 @@ ENV = "DUPLEX_POLICY"  # how the operator's command line hands the policy to its
 class Policy:
     allow_privileged_efa: bool = False
     host_path_prefixes: tuple[str, ...] = ()
+    image_prefixes: tuple[str, ...] = ()  # empty: any image
 
     def violations(self, spec: DisaggregatedServingSpec) -> list[str]:
         out = []
@@ -41,6 +46,18 @@ class Policy:
                 f"spec.model.cache.hostPath.path: {cache.host_path.path} is not under a node directory this operator "
                 f"allows (allowed: {allowed}; --allow-host-path, chart value policy.allowedHostPathPrefixes)"
             )
+        if self.image_prefixes:
+            images = {
+                "spec.model.image": spec.model.image,
+                "spec.router.image": spec.router.image,
+                "spec.network.preflight.image": spec.network.preflight.image,
+            }
+            for field, image in images.items():
+                if not image.startswith(self.image_prefixes):
+                    out.append(
+                        f"{field}: {image} is not from a registry this operator allows "
+                        f"({', '.join(self.image_prefixes)}; --allow-image, chart value policy.allowedImagePrefixes)"
+                    )
         return out
 
     def allows_host_path(self, path: str) -> bool:
@@ -49,7 +66,13 @@ class Policy:
         return any(path == p or path.startswith(p.rstrip("/") + "/") for p in self.host_path_prefixes)
 
     def to_env(self) -> str:
-        return json.dumps({"allow_privileged_efa": self.allow_privileged_efa, "host_paths": self.host_path_prefixes})
+        return json.dumps(
+            {
+                "allow_privileged_efa": self.allow_privileged_efa,
+                "host_paths": self.host_path_prefixes,
+                "images": self.image_prefixes,
+            }
+        )
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Policy:
@@ -57,7 +80,11 @@ class Policy:
         if not raw:
             return cls()
         data = json.loads(raw)
-        return cls(bool(data.get("allow_privileged_efa")), tuple(data.get("host_paths") or ()))
+        return cls(
+            bool(data.get("allow_privileged_efa")),
+            tuple(data.get("host_paths") or ()),
+            tuple(data.get("images") or ()),
+        )
 
 
 DEFAULT = Policy()  # nothing beyond the CRD: no privileged engines, no hostPath

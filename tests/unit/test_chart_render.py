@@ -53,7 +53,11 @@ VARIANTS = {
     "tuned": {
         "image": {"digest": "sha256:" + "ab" * 32},
         "operator": {"resyncSeconds": 15, "workers": 8, "verbose": True, "metricsPort": 9090, "healthPort": 9091},
-        "policy": {"allowPrivilegedEFA": True, "allowedHostPathPrefixes": ["/mnt/raid0", "/data"]},
+        "policy": {
+            "allowPrivilegedEFA": True,
+            "allowedHostPathPrefixes": ["/mnt/raid0", "/data"],
+            "allowedImagePrefixes": ["123456789012.dkr.ecr.us-west-2.amazonaws.com/", "ghcr.io/duplex-dev/"],
+        },
         "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/duplex"}},
         "podLabels": {"team": "ml-platform"},
         "priorityClassName": "system-cluster-critical",
@@ -262,7 +266,9 @@ def test_operator_args_run_the_real_cli(variant: str, tmp_path: Path, monkeypatc
     assert operator_cli.main(container["args"]) == 0
     policy = values.get("policy", {})
     assert Policy.from_env() == Policy(
-        policy.get("allowPrivilegedEFA", False), tuple(policy.get("allowedHostPathPrefixes", ()))
+        policy.get("allowPrivilegedEFA", False),
+        tuple(policy.get("allowedHostPathPrefixes", ())),
+        tuple(policy.get("allowedImagePrefixes", ())),
     )
     assert os.environ.get("DUPLEX_WORKERS") == (str(values["operator"]["workers"]) if "operator" in values else None)
     watched = values.get("watchNamespaces", [])

@@ -95,6 +95,10 @@ cluster-wide on workloads. Picked from the one list by resource, never retyped. 
 - --allow-host-path
 - {{ . | quote }}
 {{- end }}
+{{- range .Values.policy.allowedImagePrefixes }}
+- --allow-image
+- {{ . | quote }}
+{{- end }}
 {{- if .Values.operator.verbose }}
 - --verbose
 {{- end }}

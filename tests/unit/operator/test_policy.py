@@ -54,6 +54,18 @@ def test_host_paths_match_whole_components_of_a_plain_path(path: str, allowed: b
     assert Policy(host_path_prefixes=("/mnt",)).allows_host_path(path) is allowed
 
 
+def test_an_administrator_can_limit_images_to_registries() -> None:
+    assert Policy().violations(spec({"model": {"image": "evil.example/vllm:1"}})) == []  # none given: any image
+    ecr = Policy(image_prefixes=("123456789012.dkr.ecr.us-west-2.amazonaws.com/", "ghcr.io/duplex-dev/"))
+    ok = spec({"model": {"image": "123456789012.dkr.ecr.us-west-2.amazonaws.com/vllm:0.33"}})
+    assert ecr.violations(ok) == []  # router and preflight images default to ghcr.io/duplex-dev/duplex
+    (refused,) = ecr.violations(spec({"model": {"image": "evil.example/vllm:1"}}))
+    assert (
+        refused.startswith("spec.model.image: evil.example/vllm:1 is not from a registry")
+        and "--allow-image" in refused
+    )
+
+
 def test_sync_refuses_what_the_policy_does_not_allow_and_leaves_the_children() -> None:
     result = sync(parent(PRIVILEGED), LIVE, READY, at=T1)
     assert result.invalid and "--allow-privileged-efa" in result.invalid
