@@ -409,10 +409,13 @@ def test_noop_resync_makes_zero_writes(op, cluster, kubectl, namespace, wait_for
     until = time.time()
     writes = operator_writes(cluster.audit_log_path, since, namespace)
     assert writes == [], [(w["verb"], w["objectRef"]) for w in writes]
-    # Nor any read: observed state comes from kopf's watch streams, which stay open through the window. The only
-    # request an idle operator may make is kopf resuming a watch that timed out; no LIST, no GET, anywhere.
+    # Nor any read but each pass's GET of its engine key Secret by name (Secrets are never listed or watched):
+    # observed state comes from kopf's watch streams, which stay open through the window. Besides those GETs, the
+    # only request an idle operator may make is kopf resuming a watch that timed out; no LIST, no other GET.
     requests = operator_requests(cluster.audit_log_path, since, until)
-    assert [r for r in requests if not is_resumed_watch(r)] == [], summary(requests)
+    key_reads = [r for r in requests if r["verb"] == "get" and resource(r) == "secrets"]
+    assert {r["requestURI"] for r in key_reads} <= {f"/api/v1/namespaces/{namespace}/secrets/qwen3-32b-engine-key"}
+    assert [r for r in requests if not is_resumed_watch(r) and r not in key_reads] == [], summary(requests)
     # The same window was not idle: the operator kept resyncing (its own metrics count the passes).
     assert op.alive()
     assert op.metric("duplex_reconciles_total", result="ok") >= passes + (until - since) / RESYNC_SECONDS - 2
