@@ -1,12 +1,14 @@
 """The router process: the `Router`, which builds its long-lived parts and holds the current config generation, and
-the HTTP routes (OpenAI-compatible completions, models, health, readiness, metrics) it serves on its ports."""
+the HTTP routes (OpenAI-compatible completions, models, health, readiness, metrics, drain) it serves on its ports."""
 
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+import urllib.parse
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +23,7 @@ from duplex_sidecars.router.canary import Canary
 from duplex_sidecars.router.client_auth import presented_key
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.config_file import ConfigError, ConfigSource
-from duplex_sidecars.router.endpoints import DECODE, PREFILL, Engines, HealthProber
+from duplex_sidecars.router.endpoints import DECODE, PREFILL, Engines, HealthProber, normalize_url
 from duplex_sidecars.router.endpointslices import EndpointSliceWatcher
 from duplex_sidecars.router.errors import (
     RouterError,
@@ -195,9 +197,9 @@ class Router:
 
     # ---- endpoints -----------------------------------------------------------------------------------------------
 
-    def _on_discovered(self, role: str, urls: list[str]) -> None:
+    def _on_discovered(self, role: str, urls: list[str], draining: Sequence[str] = ()) -> None:
         before = set(self.engines.pool(role).engines)
-        self.engines.set_role(role, urls)
+        self.engines.set_role(role, urls, draining)
         if self.prober is not None and set(urls) - before:
             self.prober.poke()
 
@@ -397,6 +399,36 @@ async def _ready(router: Router, request: Request) -> None:
     request.respond(200 if ready else 503, json.dumps(body).encode())
 
 
+async def _drain(router: Router, request: Request) -> None:
+    """What a decode pod's preStop hook waits on (operator/duplex/children/duplex_drain.py): whether this router sees
+    the engine at `?endpoint=` as draining, and the live bindings and legs it still holds. Engines prove themselves
+    with the engine key when the router has one."""
+    key = router.live.deps.engine_api_key
+    presented = presented_key(request.headers.get("authorization"), None) or ""
+    if key and not hmac.compare_digest(presented.encode(), key.encode()):
+        send_error(request, 401, "The engine key is required.", code="invalid_api_key")
+        return
+    url = dict(urllib.parse.parse_qsl(request.query)).get("endpoint", "")
+    if not url:
+        send_error(request, 400, "Name the decode engine: /drain?endpoint=http://<pod-ip>:<port>.", code="bad_request")
+        return
+    url = normalize_url(url)
+    engine = router.engines.decode.get(url)
+    try:
+        held: int | None = await router.store.held(url)
+    except StoreError:
+        router.metrics.store_errors.labels("held").inc()
+        held = None  # unknown: the hook keeps waiting
+    body = {
+        "endpoint": url,
+        "known": engine is not None,
+        "draining": bool(engine and engine.draining),
+        "held": held,
+        "inflight": engine.inflight if engine is not None else 0,
+    }
+    request.respond(200, json.dumps(body).encode())
+
+
 async def _metrics(router: Router, request: Request) -> None:
     router.engines.update_gauges()
     request.respond(200, router.metrics.render(), CONTENT_TYPE_LATEST)
@@ -416,6 +448,7 @@ ADMIN_ROUTES: Routes = {
     "/health": {"GET": _health},
     "/ready": {"GET": _ready},
     "/metrics": {"GET": _metrics},
+    "/drain": {"GET": _drain},
 }
 
 

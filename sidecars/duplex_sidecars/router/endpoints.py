@@ -1,7 +1,11 @@
 """The engines the router may send legs to: one pool per role, with in-flight counts, health and the choice of engine.
 
-Sources (static URLs, EndpointSlices) only ever call `Engines.set_role(role, urls)`; everything that depends on the
-endpoint set changing (dropping store entries of a departed decode engine, metrics) hangs off that one call.
+Sources (static URLs, EndpointSlices) only ever call `Engines.set_role(role, urls, draining)`; everything that depends
+on the endpoint set changing (dropping store entries of a departed decode engine, metrics) hangs off that one call.
+
+A draining decode engine (its pod is terminating and waits in its preStop hook, docs/architecture.md "Draining")
+stays in the pool: the next turn of a conversation bound to it still reads its blocks, but the picker gives it no new
+decode leg, so the conversation binds elsewhere and the pod's hold ends.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class Engine:
     _backlog: float = field(default=0.0, repr=False)
     _backlog_at: float = field(default=0.0, repr=False)
     healthy: bool | None = None  # None: not probed yet
+    draining: bool = False  # decode: terminating; its blocks are read, it takes no new legs
     last_error: str | None = None
     # Decode: whether its last answer, streamed (True) or not (False), carried kv_transfer_params.
     sends_params: dict[bool, bool] = field(default_factory=dict)
@@ -83,6 +88,7 @@ class Engine:
         out: dict[str, Any] = {
             "url": self.url,
             "healthy": self.healthy,
+            "draining": self.draining,
             "inflight": self.inflight,
             "last_error": self.last_error,
         }
@@ -102,9 +108,11 @@ class EnginePool:
         self.engines: dict[str, Engine] = {}
         self._metrics = metrics
 
-    def set_urls(self, urls: Iterable[str]) -> list[str]:
-        """Replace the set of engines; returns the URLs that left. Engines that stay keep their state."""
-        wanted = list(dict.fromkeys(normalize_url(u) for u in urls))
+    def set_urls(self, urls: Iterable[str], draining: Iterable[str] = ()) -> list[str]:
+        """Replace the set of engines (`draining` ones too, flagged); returns the URLs that left. Engines that stay
+        keep their state."""
+        leaving = {normalize_url(u) for u in draining}
+        wanted = list(dict.fromkeys([*(normalize_url(u) for u in urls), *leaving]))
         removed = [u for u in self.engines if u not in wanted]
         for url in removed:
             engine = self.engines.pop(url)
@@ -122,6 +130,10 @@ class EnginePool:
                     engine._gauge = self._metrics.inflight.labels(self.role, url)
                     engine._gauge.set(0)
                 self.engines[url] = engine
+            engine = self.engines[url]
+            if engine.draining != (url in leaving):
+                engine.draining = url in leaving
+                log.info("%s engine %s %s", self.role, url, "is draining" if engine.draining else "serves again")
         return removed
 
     def __contains__(self, url: object) -> bool:
@@ -138,7 +150,8 @@ class EnginePool:
         return frozenset(url for url, e in self.engines.items() if e.healthy is False)
 
     def healthy_count(self) -> int:
-        return sum(1 for e in self.engines.values() if e.healthy)
+        """Healthy engines that take new legs (draining ones do not)."""
+        return sum(1 for e in self.engines.values() if e.healthy and not e.draining)
 
     @contextmanager
     def busy(self, engine: Engine, seconds: float = 0.0) -> Iterator[Engine]:
@@ -189,9 +202,12 @@ class Engines:
     def on_decode_removed(self, callback: Callable[[list[str]], Coroutine[Any, Any, None]]) -> None:
         self._on_decode_removed.append(callback)
 
-    def set_role(self, role: str, urls: Iterable[str]) -> list[str]:
+    def set_role(self, role: str, urls: Iterable[str], draining: Iterable[str] = ()) -> list[str]:
+        """The role's endpoints: `urls` ready, `draining` terminating but still serving. Only decode keeps draining
+        engines (their blocks are still read); a terminating prefill engine gets no legs and owes only the reads of
+        its last ones, which vLLM's --shutdown-timeout waits for."""
         urls = list(urls)
-        removed = self.pool(role).set_urls(urls)
+        removed = self.pool(role).set_urls(urls, draining if role == DECODE else ())
         if removed:
             log.info("%s engines left: %s", role, ", ".join(removed))
         if role == DECODE and removed:
@@ -211,9 +227,10 @@ class Engines:
         if self._metrics is None:
             return
         for pool in (self.prefill, self.decode):
-            counts = {"healthy": 0, "unhealthy": 0, "unknown": 0}
+            counts = {"healthy": 0, "unhealthy": 0, "unknown": 0, "draining": 0}
             for engine in pool.engines.values():
-                counts["healthy" if engine.healthy else "unknown" if engine.healthy is None else "unhealthy"] += 1
+                state = "healthy" if engine.healthy else "unknown" if engine.healthy is None else "unhealthy"
+                counts["draining" if engine.draining else state] += 1
             for state, n in counts.items():
                 self._metrics.endpoints.labels(pool.role, state).set(n)
 

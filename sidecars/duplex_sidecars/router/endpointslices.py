@@ -1,5 +1,6 @@
 """Engine discovery from Kubernetes EndpointSlices: list and watch the slices of the prefill and decode headless
-Services in one namespace, and report the ready endpoints' URLs per role.
+Services in one namespace, and report per role the URLs of the ready endpoints and of the draining ones (terminating,
+still serving: a decode pod in its preStop drain, whose retained blocks the next turns still read).
 
 Talks to the API server with aiohttp (list, then watch from the list's resourceVersion; relist on 410 Gone or any
 error) using the in-cluster service account, or a kubeconfig for tests and out-of-cluster runs.
@@ -29,25 +30,36 @@ SERVICE_LABEL = "kubernetes.io/service-name"
 _SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
-def slice_urls(slice_obj: dict[str, Any], port_name: str, scheme: str) -> list[str]:
-    """URLs of the ready endpoints of one EndpointSlice on the named port."""
+def slice_endpoints(slice_obj: dict[str, Any], port_name: str, scheme: str) -> tuple[list[str], list[str]]:
+    """URLs of one EndpointSlice's endpoints on the named port: (ready, draining). Draining: terminating and still
+    serving (the pod runs its preStop hook and passes readiness); such an endpoint takes no new work."""
     port = None
     for p in slice_obj.get("ports") or []:
         if (p.get("name") or "") == port_name and p.get("port"):
             port = p["port"]
             break
     if port is None:
-        return []
-    urls = []
+        return [], []
+    ready: list[str] = []
+    draining: list[str] = []
     for endpoint in slice_obj.get("endpoints") or []:
         conditions = endpoint.get("conditions") or {}
-        # The API says a missing `ready` means ready; terminating endpoints take no new work.
-        if conditions.get("ready") is False or conditions.get("terminating") is True:
+        # The API says a missing `ready` (or `serving`) means ready (serving).
+        if conditions.get("terminating") is True:
+            into = draining if conditions.get("serving") is not False else None
+        else:
+            into = ready if conditions.get("ready") is not False else None
+        if into is None:
             continue
         for address in endpoint.get("addresses") or []:
             host = f"[{address}]" if ":" in address else address
-            urls.append(f"{scheme}://{host}:{port}")
-    return urls
+            into.append(f"{scheme}://{host}:{port}")
+    return ready, draining
+
+
+def slice_urls(slice_obj: dict[str, Any], port_name: str, scheme: str) -> list[str]:
+    """URLs of the ready endpoints of one EndpointSlice on the named port."""
+    return slice_endpoints(slice_obj, port_name, scheme)[0]
 
 
 @dataclass
@@ -110,12 +122,12 @@ class _Gone(Exception):
 
 
 class EndpointSliceWatcher:
-    """Keeps `on_change(role, urls)` informed about the ready endpoints of the two Services."""
+    """Keeps `on_change(role, ready_urls, draining_urls)` informed about the endpoints of the two Services."""
 
     def __init__(
         self,
         discovery: EndpointSliceDiscovery,
-        on_change: Callable[[str, list[str]], None],
+        on_change: Callable[[str, list[str], list[str]], None],
         access: ApiAccess | None = None,
         watch_timeout: int = 300,
     ):
@@ -180,7 +192,7 @@ class EndpointSliceWatcher:
             if resp.status != 200:
                 raise RuntimeError(f"list endpointslices: HTTP {resp.status}: {(await resp.text())[:200]}")
             listing = await resp.json()
-        slices: dict[str, list[str]] = {}
+        slices: dict[str, tuple[list[str], list[str]]] = {}
         for item in listing.get("items") or []:
             slices[item["metadata"]["name"]] = self._urls(item)
         self._emit(role, slices)
@@ -195,7 +207,7 @@ class EndpointSliceWatcher:
         service: str,
         selector: str,
         headers: dict[str, str],
-        slices: dict[str, list[str]],
+        slices: dict[str, tuple[list[str], list[str]]],
         version: str,
     ) -> str:
         assert self._session is not None
@@ -235,9 +247,11 @@ class EndpointSliceWatcher:
                 self._emit(role, slices)
         return version
 
-    def _urls(self, slice_obj: dict[str, Any]) -> list[str]:
-        return slice_urls(slice_obj, self.discovery.port_name, self.discovery.scheme)
+    def _urls(self, slice_obj: dict[str, Any]) -> tuple[list[str], list[str]]:
+        return slice_endpoints(slice_obj, self.discovery.port_name, self.discovery.scheme)
 
-    def _emit(self, role: str, slices: dict[str, list[str]]) -> None:
-        urls = sorted({u for urls in slices.values() for u in urls})
-        self._on_change(role, urls)
+    def _emit(self, role: str, slices: dict[str, tuple[list[str], list[str]]]) -> None:
+        ready = {u for urls, _ in slices.values() for u in urls}
+        # An address ready in one slice and draining in another (a moment of a slice update) counts as ready.
+        draining = {u for _, urls in slices.values() for u in urls} - ready
+        self._on_change(role, sorted(ready), sorted(draining))

@@ -15,6 +15,7 @@ MISS_REASONS: tuple[str, ...] = (
     "scope_mismatch",
     "endpoint_gone",
     "endpoint_unhealthy",
+    "endpoint_draining",
     "store_error",
     "not_replayable",
     "prefill_retry",
@@ -135,7 +136,11 @@ class RouterMetrics:
             "duplex_router_inflight_requests", "Requests in flight per engine.", ["role", "endpoint"], registry=r
         )
         self.endpoints = Gauge(
-            "duplex_router_endpoints", "Known engines by role and health.", ["role", "state"], registry=r
+            "duplex_router_endpoints",
+            "Known engines by role and state: healthy, unhealthy, unknown (not probed yet), draining (a terminating "
+            "decode pod whose blocks are still read; it takes no new legs).",
+            ["role", "state"],
+            registry=r,
         )
         self.store_entries = Gauge(
             "duplex_router_store_entries",

@@ -2,7 +2,8 @@
 
 A placement policy is one more scorer: it sees each candidate and what the pipeline knows about the request
 (`Hints`) and adds to its score. Decode: the engine that holds the conversation's blocks first, then healthy before
-not-yet-probed, then the fewest legs in flight. Prefill (`placement.prefill`): the fewest legs in flight
+not-yet-probed, then the fewest legs in flight; a draining engine (its pod is terminating) only when no other is
+left. Prefill (`placement.prefill`): the fewest legs in flight
 (least_outstanding, the default), each engine in turn (round_robin), or the least expected cost (cost: the compute
 still ahead of it, plus reading the conversation's blocks from decode unless it is the engine whose prefix
 cache holds the previous turn). Ties are broken at random, or in turn for round_robin.
@@ -46,12 +47,16 @@ def least_outstanding(engine: Engine, hints: Hints) -> float:
 
 
 # Each tier is tried only when every earlier one is empty: an engine a leg failed on, or one whose last probe
-# failed, is used only when nothing else is left.
-TIERS: tuple[Tier, ...] = (
+# failed, is used only when nothing else is left, and a draining one after all of those.
+_FALLBACKS: tuple[Tier, ...] = (
     lambda e, h: e.url not in h.tried and e.healthy is not False,
     lambda e, h: e.url not in h.tried,
     lambda e, h: e.healthy is not False,
     lambda e, h: True,
+)
+TIERS: tuple[Tier, ...] = (
+    *(lambda e, h, tier=tier: not e.draining and tier(e, h) for tier in _FALLBACKS),
+    *_FALLBACKS,
 )
 
 

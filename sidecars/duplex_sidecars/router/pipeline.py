@@ -386,7 +386,7 @@ async def record(
     """Store the turn's capture; recording is an optimisation and never costs the client its answer."""
     outcome = "not_stored"
     try:
-        capture = reuse.after_decode(turn, engine.url, kv_params, reply, prefill_url)
+        capture = reuse.after_decode(turn, engine.url, kv_params, reply, prefill_url, engine.draining)
         outcome = capture.outcome
         if capture.why is not None:
             log.debug("request %s: not storing decode's blocks: %s", turn.request_id, capture.why)

@@ -23,6 +23,7 @@ STREAM_NO_PARAMS = "stream_no_params"  # ... in a streamed answer (vLLM before 0
 REASONING = "reasoning"  # the reply carried reasoning, which the next prompt drops
 BELOW_THRESHOLD = "below_threshold"  # fewer reusable tokens than reuse.min_tokens: recomputing them is cheaper
 ENDPOINT_UNHEALTHY = "endpoint_unhealthy"  # the decode engine holding the blocks is marked unhealthy
+ENDPOINT_DRAINING = "endpoint_draining"  # the previous turn's decode engine was draining: nothing was bound to it
 
 
 class _StoreFailed:
@@ -118,9 +119,17 @@ class Capture:
     why: str | None = None  # for the debug log
 
 
-def after_decode(turn: Turn, decode_url: str, kv_params: Any, reply: Reply, prefill_url: str | None = None) -> Capture:
+def after_decode(
+    turn: Turn,
+    decode_url: str,
+    kv_params: Any,
+    reply: Reply,
+    prefill_url: str | None = None,
+    draining: bool = False,
+) -> Capture:
     """The entry to store after decode answered `reply` with `kv_params` (None when it sent none), and where. A reply
-    that cannot be replayed leaves a tombstone saying why, so that the next turn's miss names the cause."""
+    that cannot be replayed leaves a tombstone saying why, so that the next turn's miss names the cause. A `draining`
+    decode engine gets no binding: its pod's preStop hook waits for the bindings it holds to end."""
     if turn.keying is None:
         return Capture("not_stored")
     covered = turn.api.covered(turn.history, reply) if turn.history is not None else None
@@ -131,6 +140,8 @@ def after_decode(turn: Turn, decode_url: str, kv_params: Any, reply: Reply, pref
     def tombstone(outcome: str, reason: str, why: str) -> Capture:
         return Capture(outcome, Entry(decode_url=decode_url, reason=reason, prefill_url=prefill_url), key, why)
 
+    if draining:
+        return tombstone(NOT_REPLAYABLE, ENDPOINT_DRAINING, "the decode engine is draining")
     if kv_params is None:
         return tombstone(NO_PARAMS, STREAM_NO_PARAMS if turn.stream else NO_PARAMS, "decode sent no kv_transfer_params")
     replayable = protocol.replayable_decode_params(kv_params)

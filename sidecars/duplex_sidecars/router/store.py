@@ -328,6 +328,11 @@ class Store(Protocol):
 
     async def drop_endpoint(self, url: str) -> int: ...
 
+    async def held(self, url: str) -> int:
+        """Live bindings to the decode engine at `url`: replayable entries, not expired, that a next turn may still
+        read from it (a draining pod waits for this to reach 0)."""
+        ...
+
     async def size(self) -> int | None: ...
 
     def bytes_held(self) -> int | None:
@@ -436,6 +441,16 @@ class MemoryStore:
                 self._bytes += _row_bytes(tomb) - _row_bytes(row)
                 dropped += 1
         return dropped
+
+    async def held(self, url: str) -> int:
+        now = self._clock()
+        entries = self._entries
+        count = 0
+        for key in self._by_endpoint.get(url, ()):
+            row = entries.get(key)
+            if row is not None and row[_BLOB] is not None and row[_EXPIRES_AT] > now:
+                count += 1
+        return count
 
     async def sweep(self) -> int:
         """Remove what has expired, and the oldest entries beyond the bounds (lowered by a reload); returns how many
@@ -615,6 +630,33 @@ class RedisStore:
             dropped, start = dropped + count, start + DROP_BATCH
         await self._run("drop_endpoint", lambda: self._redis.delete(endpoint_key))
         return dropped
+
+    async def held(self, url: str) -> int:
+        """Reads the endpoint's entries, DROP_BATCH per round trip: a taken entry is gone from Redis but stays in the
+        index until its time has passed, and a tombstone holds nothing."""
+        endpoint_key = self._endpoint_key(url)
+
+        async def batch(start: int) -> tuple[int, bool]:
+            now = time.time()
+            reply = await self._redis.zrangebyscore(endpoint_key, int(now * 1000), "+inf", start=start, num=DROP_BATCH)
+            names = [m.decode() for m in cast(list[bytes], reply)]
+            values = cast(list[bytes | None], await self._redis.mget([self._key(n) for n in names])) if names else []
+            live = 0
+            for name, raw in zip(names, values, strict=True):
+                if raw is None:
+                    continue
+                try:
+                    entry = Entry.from_bytes(self._open(self._key(name), raw))
+                except StoreError:
+                    continue
+                live += entry.replayable and entry.decode_url == url and entry.expires_at > now
+            return live, len(names) == DROP_BATCH
+
+        count, start, more = 0, 0, True
+        while more:
+            live, more = await self._run("held", functools.partial(batch, start))
+            count, start = count + live, start + DROP_BATCH
+        return count
 
     async def size(self) -> int | None:
         # Counting means a SCAN over the prefix; do it at most every 30 s.

@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from duplex_sidecars.router.config import EndpointSliceDiscovery
 from duplex_sidecars.router.endpoints import DECODE, PREFILL
-from duplex_sidecars.router.endpointslices import ApiAccess, EndpointSliceWatcher, slice_urls
+from duplex_sidecars.router.endpointslices import ApiAccess, EndpointSliceWatcher, slice_endpoints, slice_urls
 
 
 def make_slice(
@@ -26,6 +26,22 @@ def make_slice(
         "ports": [{"name": "side", "port": 5600}, {"name": port_name, "port": port}],
         "endpoints": [{"addresses": [a], "conditions": {"ready": r} if r is not None else {}} for a, r in addresses],
     }
+
+
+TERMINATING_SERVING = {"ready": False, "serving": True, "terminating": True}
+
+
+def test_slice_endpoints_tell_draining_from_ready():
+    s = make_slice("s", "svc", [("10.0.0.1", True)])
+    s["endpoints"] += [
+        {"addresses": ["10.0.0.2"], "conditions": TERMINATING_SERVING},
+        {"addresses": ["10.0.0.3"], "conditions": {"ready": False, "serving": False, "terminating": True}},
+        {"addresses": ["10.0.0.4"], "conditions": {"terminating": True}},  # serving unset: serving
+    ]
+    assert slice_endpoints(s, "http", "http") == (
+        ["http://10.0.0.1:8000"],
+        ["http://10.0.0.2:8000", "http://10.0.0.4:8000"],
+    )
 
 
 def test_slice_urls_ready_only():
@@ -140,7 +156,12 @@ async def test_watch_follows_ready_endpoints(api):
     discovery = EndpointSliceDiscovery(
         namespace="ns", prefill_service="eng-prefill", decode_service="eng-decode", kubeconfig=kubeconfig
     )
-    watcher = EndpointSliceWatcher(discovery, lambda role, urls: seen.__setitem__(role, urls))
+    draining: dict[str, list[str]] = {}
+
+    def on_change(role: str, urls: list[str], leaving: list[str]) -> None:
+        seen[role], draining[role] = urls, leaving
+
+    watcher = EndpointSliceWatcher(discovery, on_change)
     await watcher.start()
     try:
         await eventually(lambda: seen.get(PREFILL) == ["http://10.0.0.1:8000"] and seen.get(DECODE) == [])
@@ -151,8 +172,14 @@ async def test_watch_follows_ready_endpoints(api):
         await eventually(lambda: seen[PREFILL] == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"])
         server.emit("ADDED", make_slice("d-2", "eng-decode", [("10.0.1.2", True)]))
         await eventually(lambda: seen[DECODE] == ["http://10.0.1.1:8000", "http://10.0.1.2:8000"])
+        # d-1's pod is deleted: terminating but still serving (its preStop hook runs), then gone
+        leaving = make_slice("d-1", "eng-decode", [])
+        leaving["endpoints"] = [{"addresses": ["10.0.1.1"], "conditions": TERMINATING_SERVING}]
+        server.emit("MODIFIED", leaving)
+        await eventually(lambda: draining[DECODE] == ["http://10.0.1.1:8000"])
+        assert seen[DECODE] == ["http://10.0.1.2:8000"]
         server.emit("DELETED", make_slice("d-1", "eng-decode", []))
-        await eventually(lambda: seen[DECODE] == ["http://10.0.1.2:8000"])
+        await eventually(lambda: seen[DECODE] == ["http://10.0.1.2:8000"] and draining[DECODE] == [])
         lists = server.lists
         server.expire_watches()  # 410 Gone: relist
         await eventually(lambda: server.lists >= lists + 2)

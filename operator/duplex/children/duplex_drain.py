@@ -1,0 +1,101 @@
+"""A decode pod's preStop hook: hold the pod until no conversation is bound to it any more.
+
+When a decode pod is deleted (rollout, scale-in, drain, eviction) the kubelet runs this before SIGTERM. The pod
+still serves meanwhile; its EndpointSlice entry turns `terminating`, so the router stops binding new turns to it
+but lets each bound conversation's next turn read its blocks once and bind elsewhere. This asks the router's admin
+port (`GET /drain`) how many bindings and legs the pod still holds, and returns when both are 0, when the router
+cannot be reached (nobody is left to read the blocks), or at `--deadline` (the serving's drain deadline; the pod's
+grace period leaves vLLM time to shut down after it).
+
+Standard library only: it runs in the engine image's Python, from the ConfigMap that also carries the engine guard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+INTERVAL_SECONDS = 2.0
+UNREACHABLE_TRIES = 5  # consecutive failed asks before the router counts as gone
+SETTLE_SECONDS = 10.0  # how long to wait for the router to see the pod draining before counting anyway
+
+
+def say(message: str) -> None:
+    """Into the container's log: a hook's own output is not kept, so write to PID 1's stdout when allowed."""
+    line = f"duplex drain: {message}\n"
+    try:
+        with open("/proc/1/fd/1", "a") as out:
+            out.write(line)
+    except OSError:
+        sys.stdout.write(line)
+
+
+def ask(router: str, endpoint: str, key: str | None, timeout: float = 3.0) -> dict[str, Any] | None:
+    url = f"{router.rstrip('/')}/drain?{urllib.parse.urlencode({'endpoint': endpoint})}"
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as resp:
+            answer = json.loads(resp.read())
+    except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors
+        say(f"asking {router}: {type(exc).__name__}: {exc}")
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+def wait(
+    router: str,
+    endpoint: str,
+    key: str | None,
+    deadline_seconds: float,
+    interval: float = INTERVAL_SECONDS,
+    clock: Any = time.monotonic,
+    sleep: Any = time.sleep,
+) -> str:
+    """Poll until the pod holds nothing; returns why it stopped: released, unreachable or deadline."""
+    start = clock()
+    failures, settled = 0, False
+    while clock() - start < deadline_seconds:
+        state = ask(router, endpoint, key)
+        if state is None:
+            failures += 1
+            if failures >= UNREACHABLE_TRIES:
+                return "unreachable"
+        else:
+            failures = 0
+            # Until the router sees the pod draining it may still bind a turn to it.
+            settled = settled or bool(state.get("draining")) or clock() - start >= SETTLE_SECONDS
+            if settled and state.get("held") == 0 and not state.get("inflight"):
+                return "released"
+        sleep(interval)
+    return "deadline"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--router", required=True, help="the router's admin URL")
+    parser.add_argument("--port", type=int, default=8000, help="the engine's HTTP port")
+    parser.add_argument("--deadline", type=float, required=True, help="seconds to hold the pod at most")
+    parser.add_argument("--host-env", default="VLLM_NIXL_SIDE_CHANNEL_HOST", help="variable holding the pod IP")
+    parser.add_argument("--key-env", default="VLLM_API_KEY", help="variable holding the engine key")
+    args = parser.parse_args(argv)
+    host = os.environ.get(args.host_env, "")
+    if not host:
+        say(f"{args.host_env} is not set: not waiting")
+        return 0
+    endpoint = f"http://{f'[{host}]' if ':' in host else host}:{args.port}"
+    started = time.monotonic()
+    say(f"holding {endpoint} until no conversation is bound to it (at most {args.deadline:g} s)")
+    why = wait(args.router, endpoint, os.environ.get(args.key_env) or None, args.deadline)
+    say(f"{why} after {time.monotonic() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""A draining decode engine (its pod terminating, in its preStop hook): the conversations bound to it read its blocks
+once more and bind elsewhere; it takes no new legs while another engine is left; /drain on the admin port tells the
+hook what it still holds, to the engine key only."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from duplex.children import duplex_drain
+from duplex_sidecars.router.endpoints import DECODE
+from duplex_sidecars.router.store import Entry, MemoryStore
+
+USER = {"role": "user", "content": "Summarise the report. " + "row value " * 40}
+
+
+def follow_up(text: str) -> list[dict[str, Any]]:
+    return [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+
+
+async def drain_state(rig: Any, url: str, key: str | None = "engine-key") -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with rig.session.get(rig.server.admin_url + "/drain", params={"endpoint": url}, headers=headers) as resp:
+        return resp.status, await resp.json()
+
+
+@pytest.fixture
+def engine_key(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    monkeypatch.setenv("TEST_ENGINE_KEY", "engine-key")
+    return {"engine_api_key_env": "TEST_ENGINE_KEY", "admin_port": 0}
+
+
+async def test_a_bound_conversation_reads_from_the_draining_engine_once_and_binds_elsewhere(make_rig, engine_key):
+    rig = await make_rig(n_decode=2, **engine_key)
+    d0, d1 = (e.url for e in rig.decode)
+    rig.router.engines.set_role(DECODE, [d1])  # the first turns all bind to d0
+    rig.router.engines.set_role(DECODE, [d0])
+    texts = {conv: (await rig.chat([USER], conv=conv))[2] for conv in ("a", "b")}
+    assert await drain_state(rig, d0) == (
+        200,
+        {"endpoint": d0, "known": True, "draining": False, "held": 2, "inflight": 0},
+    )
+
+    rig.router.engines.set_role(DECODE, [d1], draining=[d0])  # d0's pod is deleted: terminating, still serving
+    await rig.router.engines.settle()
+    assert rig.metric("duplex_router_store_dropped_entries_total") == 0  # nothing dropped: d0 still serves reads
+    status, state = await drain_state(rig, d0)
+    assert status == 200 and state["draining"] and state["held"] == 2
+
+    before = len(rig.decode[0].seen)
+    status, _, _ = await rig.chat(follow_up(texts["a"]), conv="a")
+    assert status == 200 and rig.metric("duplex_router_kv_reuse_hits_total") == 1  # d0's blocks were read
+    assert len(rig.decode[0].seen) == before  # ... but decode ran on d1
+    assert (await drain_state(rig, d0))[1]["held"] == 1
+    assert (await drain_state(rig, d1))[1]["held"] == 1  # "a" is bound to d1 now
+
+    await rig.chat(follow_up(texts["b"]), conv="b")
+    assert (await drain_state(rig, d0))[1] | {"inflight": 0} == {
+        "endpoint": d0,
+        "known": True,
+        "draining": True,
+        "held": 0,
+        "inflight": 0,
+    }
+    assert rig.metric("duplex_router_kv_reuse_hits_total") == 2
+    assert rig.metric("duplex_router_endpoints", role="decode", state="draining") == 1
+
+
+async def test_with_only_draining_engines_left_turns_are_served_but_bind_nowhere(make_rig):
+    rig = await make_rig(n_decode=1)
+    d0 = rig.decode[0].url
+    rig.router.engines.set_role(DECODE, [], draining=[d0])
+    status, _, text = await rig.chat([USER], conv="a")
+    assert status == 200  # served rather than refused
+    assert await rig.router.store.held(d0) == 0
+    await rig.chat(follow_up(text), conv="a")
+    assert rig.metric("duplex_router_kv_reuse_misses_total", reason="endpoint_draining") == 1
+    assert not rig.router.engines.ready()  # nothing takes new legs: the router's readiness says so
+
+
+async def test_drain_needs_the_engine_key_and_an_endpoint(make_rig, engine_key):
+    rig = await make_rig(**engine_key)
+    url = rig.decode[0].url
+    assert (await drain_state(rig, url, key=None))[0] == 401
+    assert (await drain_state(rig, url, key="wrong"))[0] == 401
+    async with rig.session.get(rig.server.admin_url + "/drain", headers={"Authorization": "Bearer engine-key"}) as r:
+        assert r.status == 400
+    async with rig.session.get(rig.url + "/drain", params={"endpoint": url}) as r:
+        assert r.status == 404  # never on the API port
+
+
+async def test_held_counts_live_replayable_entries_of_one_endpoint() -> None:
+    now = [100.0]
+    store = MemoryStore(100, clock=lambda: now[0])
+    live = Entry(decode_url="http://d0", params={"remote_block_ids": [1]}, covered=None, scope="s")
+    await store.put("a", live, ttl=10)
+    await store.put("b", Entry(decode_url="http://d0", params={"remote_block_ids": [2]}, scope="s"), ttl=30)
+    await store.put("c", Entry(decode_url="http://d0", reason="no_params"), ttl=30)  # a tombstone holds nothing
+    await store.put("d", Entry(decode_url="http://d1", params={"remote_block_ids": [3]}, scope="s"), ttl=30)
+    assert await store.held("http://d0") == 2
+    await store.take("b")
+    assert await store.held("http://d0") == 1
+    now[0] += 11  # "a" expired
+    assert await store.held("http://d0") == 0 and await store.held("http://d1") == 1
+
+
+# --- the decode pod's preStop hook (operator/duplex/children/duplex_drain.py) against this router -----------------
+
+
+async def test_the_pre_stop_hook_returns_once_the_last_bound_conversation_moved(make_rig, engine_key, monkeypatch):
+    monkeypatch.setattr(duplex_drain, "say", lambda message: None)
+    answers: list[Any] = []
+    ask = duplex_drain.ask
+    monkeypatch.setattr(duplex_drain, "ask", lambda *a: answers.append(ask(*a)) or answers[-1])
+    rig = await make_rig(n_decode=2, **engine_key)
+    d0, d1 = (e.url for e in rig.decode)
+    rig.router.engines.set_role(DECODE, [d0])
+    _, _, text = await rig.chat([USER], conv="a")
+    rig.router.engines.set_role(DECODE, [d1], draining=[d0])
+    hook = asyncio.create_task(
+        asyncio.to_thread(duplex_drain.wait, rig.server.admin_url, d0, "engine-key", 30.0, interval=0.05)
+    )
+    while len(answers) < 3:  # the hook has seen the pod draining and holding "a"
+        await asyncio.sleep(0.01)
+    assert not hook.done() and answers[-1]["draining"] and answers[-1]["held"] == 1
+    await rig.chat(follow_up(text), conv="a")
+    assert await asyncio.wait_for(hook, 10) == "released"
+
+
+async def test_the_pre_stop_hook_gives_up_on_an_unreachable_router_and_at_its_deadline(make_rig, engine_key):
+    rig = await make_rig(**engine_key)
+    d0 = rig.decode[0].url
+    await rig.chat([USER], conv="a")  # bound: the hook would wait
+    assert await asyncio.to_thread(duplex_drain.wait, rig.server.admin_url, d0, "engine-key", 0.3, 0.05) == "deadline"
+    closed = "http://127.0.0.1:1"
+    assert await asyncio.to_thread(duplex_drain.wait, closed, d0, "engine-key", 30.0, 0.01) == "unreachable"
