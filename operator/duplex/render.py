@@ -16,7 +16,7 @@ from duplex.children.engine_guard import engine_guard_configmap
 from duplex.children.engine_key import engine_key_secret
 from duplex.children.network_policy import network_policies
 from duplex.children.router import fabric_configmap, router_configmap, router_deployment, router_rbac
-from duplex.children.services import engine_service, router_service
+from duplex.children.services import drain_service, engine_service, router_service
 
 
 class InvalidSpec(ValueError):
@@ -112,6 +112,7 @@ def desired_children(
     for role in ROLES:
         objs.append(engine_service(spec, name, ns, role))
     objs.append(router_service(spec, name, ns))
+    objs.append(drain_service(name, ns))
     objs += network_policies(spec, name, ns)
     for role in ROLES:
         objs.append(engine_deployment(spec, name, ns, role, key_uid))

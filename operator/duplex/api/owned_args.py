@@ -23,6 +23,10 @@ OWNED_FLAGS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("--max-num-batched-tokens",), "spec.{role}.maxNumBatchedTokens"),
     (("--tool-call-parser", "--enable-auto-tool-choice"), "spec.model.toolCallParser"),
     (("--reasoning-parser",), "spec.model.reasoningParser"),
+    (
+        ("--shutdown-timeout",),
+        "none: derived from kvTransfer.leaseDuration and the decode drain (children/lifecycle.py)",
+    ),
     (("--middleware",), "none: its engine guard requires the engine key on every path but /health and /metrics"),
 )
 

@@ -234,8 +234,29 @@ class PrefillSpec(RoleSpec):
     RULES = owned_arg_rules(role="prefill") + paired_rules()
 
 
+class DrainSpec(Model):
+    """What happens to the conversations bound to a decode pod that is going away (rollout, scale-in, node drain,
+    eviction): the pod takes no new turns, and each bound conversation's next turn reads its blocks from it once and
+    binds to another decode pod."""
+
+    deadline_seconds: int | None = Field(
+        None,
+        ge=0,
+        le=86_400,
+        description="The most a terminating decode pod waits, in its preStop hook, until no conversation is bound to "
+        "it (it ends as soon as none is). Default: kvTransfer.decodeBlocksTTL, after which the pod holds no blocks "
+        "(and the router's TTL is below it). "
+        "0: no wait (bound conversations recompute their next turn). The pod's grace period is this plus the "
+        "engine's shutdown time.",
+    )
+
+
 class DecodeSpec(RoleSpec):
     RULES = owned_arg_rules(role="decode") + paired_rules()
+
+    drain: DrainSpec = Field(
+        default_factory=DrainSpec, description="Conversation-aware draining of decode pods that are going away."
+    )
 
 
 class EFASpec(Model):

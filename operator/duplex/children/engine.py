@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from duplex.api.spec import DisaggregatedServingSpec, RoleSpec
-from duplex.children import efa, engine_guard, engine_key, preflight
+from duplex.children import efa, engine_guard, engine_key, lifecycle, preflight
 from duplex.children.kinds import DEPLOYMENT
 from duplex.children.kv_config import kv_transfer_json
 from duplex.children.labels import ENGINE_HASH_ANNOTATION, HTTP_PORT, child_name, labels, selector
@@ -45,6 +45,7 @@ def vllm_args(spec: DisaggregatedServingSpec, role: EngineRole) -> list[str]:
         args += ["--reasoning-parser", model.reasoning_parser]
     args += ["--kv-transfer-config", kv_transfer_json(spec, role.name)]
     args += engine_guard.args()  # the engine key on every path but /health and /metrics
+    args += lifecycle.args(spec, role.name)  # keep stepping after SIGTERM for the work still owed
     return args + list(model.extra_args) + list(role.spec.extra_args)
 
 
@@ -93,8 +94,11 @@ def _probes() -> dict[str, Any]:
     }
 
 
-def engine_container(spec: DisaggregatedServingSpec, role: EngineRole, serving: str) -> dict[str, Any]:
+def engine_container(
+    spec: DisaggregatedServingSpec, role: EngineRole, serving: str, namespace: str = "default"
+) -> dict[str, Any]:
     _, mounts = _volumes(spec, serving)
+    pre_stop = lifecycle.pre_stop(spec, serving, namespace, role.name)
     return {
         "name": "vllm",
         "image": spec.model.image,
@@ -110,6 +114,7 @@ def engine_container(spec: DisaggregatedServingSpec, role: EngineRole, serving: 
         "securityContext": efa.security_context(spec),
         "volumeMounts": mounts,
         **_probes(),
+        **({"lifecycle": {"preStop": pre_stop}} if pre_stop else {}),
     }
 
 
@@ -123,11 +128,11 @@ def engine_deployment(
     """The Deployment of the role named `role_name` (prefill or decode)."""
     role = EngineRole.of(spec, role_name)
     volumes, _ = _volumes(spec, serving)
-    engine = engine_container(spec, role, serving)
+    engine = engine_container(spec, role, serving, namespace)
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,  # engines never talk to the API server
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": lifecycle.grace_seconds(spec, role.name),
     }
     checks = preflight.init_containers(spec, role.spec, engine["env"], engine["securityContext"])
     if checks:

@@ -6,7 +6,8 @@
   blocks back, decode reads prefill's). UCX's TCP transport listens on ports it picks at run time, so the transport
   rule opens every port but HTTP to the peer role, and only to it.
 * Router: its API port open to everyone (it is the API edge); its admin port (/metrics, /ready's detail: the
-  topology) only from the pods of `metricsNamespaces`.
+  topology) only from the pods of `metricsNamespaces`, and from this serving's decode pods, whose preStop hook asks
+  it what they still hold (/drain, with the engine key).
 
 Only ingress is fenced (engines pull weights from a hub, the router talks to the API server). EFA traffic (SRD)
 goes from device to device past the kernel network stack, so no NetworkPolicy sees it: it is bounded by the EFA
@@ -71,7 +72,11 @@ def router_policy(spec: DisaggregatedServingSpec, serving: str, namespace: str) 
         spec={
             "podSelector": {"matchLabels": selector(serving, "router")},
             "policyTypes": ["Ingress"],
-            "ingress": [{"ports": [_tcp(HTTP_PORT)]}, *_from_scrapers(spec, ADMIN_PORT)],
+            "ingress": [
+                {"ports": [_tcp(HTTP_PORT)]},
+                {"from": [{"podSelector": {"matchLabels": selector(serving, "decode")}}], "ports": [_tcp(ADMIN_PORT)]},
+                *_from_scrapers(spec, ADMIN_PORT),
+            ],
         },
     )
 

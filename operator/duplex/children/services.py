@@ -1,4 +1,5 @@
-"""Headless Services per engine role (their EndpointSlices feed the router) and the router's Service."""
+"""Headless Services per engine role (their EndpointSlices feed the router), the router's Service, and the drain
+Service through which decode pods' preStop hooks ask the routers' admin port what they still hold."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from typing import Any
 
 from duplex.api.spec import DisaggregatedServingSpec
 from duplex.children.kinds import SERVICE
-from duplex.children.labels import HTTP_PORT, child_name, labels, selector
+from duplex.children.labels import ADMIN_PORT, HTTP_PORT, child_name, labels, selector
+from duplex.children.lifecycle import drain_service_name
 
 
 def engine_service(spec: DisaggregatedServingSpec, serving: str, namespace: str, role: str) -> dict[str, Any]:
@@ -40,6 +42,19 @@ def router_service(spec: DisaggregatedServingSpec, serving: str, namespace: str)
             "type": svc.type,
             "selector": selector(serving, "router"),
             "ports": [{"name": "http", "port": svc.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    )
+
+
+def drain_service(serving: str, namespace: str) -> dict[str, Any]:
+    """ClusterIP, in the cluster only: the admin port never goes into the router's own Service, which may be a
+    LoadBalancer. With several routers any one answers (they share the Redis store)."""
+    return SERVICE.manifest(
+        {"name": drain_service_name(serving), "namespace": namespace, "labels": labels(serving, "router")},
+        spec={
+            "type": "ClusterIP",
+            "selector": selector(serving, "router"),
+            "ports": [{"name": "admin", "port": ADMIN_PORT, "targetPort": "admin", "protocol": "TCP"}],
         },
     )
 

@@ -29,7 +29,8 @@ def test_cpu_needs_come_from_the_rendering(role: str) -> None:
 
 def test_the_engine_guard_is_written_as_the_pod_mounts_it() -> None:
     files = {p.name: p.read_text() for p in guard_dir("examples/local.yaml").iterdir()}
-    assert list(files) == ["duplex_engine_guard.py"] and "class EngineKeyGuard" in files["duplex_engine_guard.py"]
+    assert sorted(files) == ["duplex_drain.py", "duplex_engine_guard.py"]
+    assert "class EngineKeyGuard" in files["duplex_engine_guard.py"]
 
 
 def test_a_gpu_rendering_is_refused_with_the_way_out() -> None:

@@ -26,6 +26,7 @@ ALL = [
     "Service/demo-prefill",
     "Service/demo-decode",
     "Service/demo-router",
+    "Service/demo-drain",
     "NetworkPolicy/demo-prefill",
     "NetworkPolicy/demo-decode",
     "NetworkPolicy/demo-router",

@@ -55,6 +55,7 @@ def test_minimal_args_in_order() -> None:
         "--enable-prefix-caching",
         "--kv-transfer-config", kv_transfer_json(s, "prefill"),
         "--middleware", "duplex_engine_guard.EngineKeyGuard",
+        "--shutdown-timeout", "40",  # the 30 s block lease and a margin: decode's pull of the last prefills
     ]  # fmt: skip
     ctr = container(deployment())
     assert ctr["command"] == ["vllm", "serve"] and ctr["args"] == args_of(s, "prefill")
@@ -454,3 +455,34 @@ def test_a_role_env_entry_overrides_the_models_of_the_same_name() -> None:
         )
     )
     assert [e for e in ctr["env"] if e["name"] == "A"] == [{"name": "A", "value": "role"}]
+
+
+# --- how engine pods end (children/lifecycle.py) ---------------------------------------------------------------
+
+
+def test_decode_pods_wait_for_their_bindings_in_a_pre_stop_hook_within_their_grace_period() -> None:
+    ctr = container(deployment(role="decode"))
+    hook = ctr["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook[:2] == ["python3", "/opt/duplex/engine-guard/duplex_drain.py"]
+    assert hook[hook.index("--router") + 1] == "http://demo-drain.ns1.svc:9090"
+    assert hook[hook.index("--deadline") + 1] == "480"  # decodeBlocksTTL: no binding outlives decode's blocks
+    assert ctr["args"][-2:] == ["--shutdown-timeout", "30"]
+    # the hook's deadline, then vLLM's shutdown timeout, then time to exit
+    assert pod_spec(role="decode")["terminationGracePeriodSeconds"] == 480 + 30 + 10
+
+
+def test_the_drain_deadline_follows_its_field_and_zero_turns_the_hook_off() -> None:
+    ctr = container(deployment({"decode": {"drain": {"deadlineSeconds": 90}}}, role="decode"))
+    assert ctr["lifecycle"]["preStop"]["exec"]["command"][-2:] == ["--deadline", "90"]
+    assert (
+        pod_spec({"decode": {"drain": {"deadlineSeconds": 90}}}, role="decode")["terminationGracePeriodSeconds"] == 130
+    )
+    assert "lifecycle" not in container(deployment({"decode": {"drain": {"deadlineSeconds": 0}}}, role="decode"))
+    assert pod_spec({"decode": {"drain": {"deadlineSeconds": 0}}}, role="decode")["terminationGracePeriodSeconds"] == 40
+
+
+def test_prefill_has_no_hook_and_keeps_stepping_for_its_block_lease() -> None:
+    patch = {"kvTransfer": {"leaseDuration": 120}}
+    assert "lifecycle" not in container(deployment(patch))
+    assert container(deployment(patch))["args"][-2:] == ["--shutdown-timeout", "130"]
+    assert pod_spec(patch)["terminationGracePeriodSeconds"] == 140

@@ -177,7 +177,7 @@ def test_variants_validate(variant: str) -> None:
         parse(doc(merge({"model": {"name": "org/model"}}, VARIANTS[variant]), name="v", namespace="team-a"))
     )
     policies = 3 if parse_spec(merge({"model": {"name": "m"}}, VARIANTS[variant])).network.network_policy.enabled else 0
-    assert len(objs) == 12 + policies  # a NetworkPolicy per engine role and the router, unless turned off
+    assert len(objs) == 13 + policies  # a NetworkPolicy per engine role and the router, unless turned off
     validate_all(objs)
 
 

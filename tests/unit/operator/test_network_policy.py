@@ -71,7 +71,7 @@ def test_metrics_namespaces_must_be_namespace_names() -> None:
         spec({"network": {"networkPolicy": {"metricsNamespaces": ["Not_A_Namespace"]}}})
 
 
-def test_the_router_is_open_on_its_api_port_to_everyone_and_on_its_admin_port_to_scrapers() -> None:
+def test_the_router_is_open_on_its_api_port_to_everyone_and_on_its_admin_port_to_scrapers_and_its_decode() -> None:
     policy = router_policy(spec(), "qwen", "inference")
     monitoring = {
         "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring"]}]
@@ -81,11 +81,13 @@ def test_the_router_is_open_on_its_api_port_to_everyone_and_on_its_admin_port_to
         "policyTypes": ["Ingress"],
         "ingress": [
             {"ports": [{"protocol": "TCP", "port": 8000}]},
+            # decode pods' preStop hook asks the admin port what they still hold (/drain, with the engine key)
+            {"from": [pods("qwen", "decode")], "ports": [{"protocol": "TCP", "port": 9090}]},
             {"from": [{"namespaceSelector": monitoring}], "ports": [{"protocol": "TCP", "port": 9090}]},
         ],
     }
     alone = router_policy(spec({"network": {"networkPolicy": {"metricsNamespaces": []}}}), "qwen", "inference")
-    assert alone["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8000}]}]
+    assert alone["spec"]["ingress"] == policy["spec"]["ingress"][:2]
 
 
 def test_policies_select_the_pods_the_deployments_run() -> None:

@@ -42,6 +42,7 @@ NOT_CONFIGURABLE = {
     "--port": "port 8000",
     "--host": "every pod address",
     "--middleware": "the engine key on every path but /health and /metrics",
+    "--shutdown-timeout": "derived from kvTransfer.leaseDuration and the decode drain",
 }
 
 

@@ -28,6 +28,7 @@ KINDS = [
     "Service",
     "Service",
     "Service",
+    "Service",
     "NetworkPolicy",
     "NetworkPolicy",
     "NetworkPolicy",
@@ -102,6 +103,7 @@ def test_example_renders_the_expected_objects_in_apply_order(example: Path, caps
         ("Service", f"{name}-prefill"),
         ("Service", f"{name}-decode"),
         ("Service", f"{name}-router"),
+        ("Service", f"{name}-drain"),
         ("NetworkPolicy", f"{name}-prefill"),
         ("NetworkPolicy", f"{name}-decode"),
         ("NetworkPolicy", f"{name}-router"),
@@ -196,11 +198,11 @@ def test_several_servings_in_one_file(tmp_path: Path, capsys: pytest.CaptureFixt
         [load(SEED), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}, load(TRAINIUM), None],
     )
     objs = render_file(path, capsys)
-    assert len(objs) == 30
-    assert [o["metadata"]["name"] for o in objs[:15]] == [
+    assert len(objs) == 32
+    assert [o["metadata"]["name"] for o in objs[:16]] == [
         o["metadata"]["name"] for o in desired_children(parse(load(SEED)))
     ]
-    assert objs[15]["metadata"]["name"] == "llama-70b-trn2-router"
+    assert objs[16]["metadata"]["name"] == "llama-70b-trn2-router"
     assert not any(o["kind"] == "Namespace" for o in objs)
 
 
@@ -293,4 +295,4 @@ def test_output_is_the_yaml_stream_of_the_children(capsys: pytest.CaptureFixture
     assert code == 0
     assert out == dump_all(desired_children(parse(load(SEED))))
     assert "&id" not in out and "*id" not in out  # no YAML aliases
-    assert out.count("\n---\n") == 14
+    assert out.count("\n---\n") == 15

@@ -44,7 +44,7 @@ def test_caches_read_a_parent_and_every_kind_of_its_children() -> None:
     services = {UID: [o for o in LIVE if o["kind"] == "Service"]}
     c = caches({UID: [P]}, deployments, services, {})
     assert c.parent(UID) is P and c.parent("gone") is None
-    assert [o["kind"] for o in c.observed(UID)] == ["Deployment"] * 3 + ["Service"] * 3
+    assert [o["kind"] for o in c.observed(UID)] == ["Deployment"] * 3 + ["Service"] * 4
     assert c.observed("gone") == []
 
 
@@ -92,7 +92,7 @@ async def test_a_gone_parent_is_forgotten_and_never_comes_round_again() -> None:
     w = workers(caches(parents, {}), kube)
     await w._pass(UID)  # the key Secret first: the Deployments wait for it
     assert metrics.MANAGED_OBJECTS.labels("ns1", "demo", "Secret")._value.get() == 1
-    assert metrics.MANAGED_OBJECTS.labels("ns1", "demo", "Service")._value.get() == 3
+    assert metrics.MANAGED_OBJECTS.labels("ns1", "demo", "Service")._value.get() == 4
     w.queue.add(UID, 30)
     del parents[UID]
     assert await w._pass(UID) == (0.0, None)

@@ -1,0 +1,67 @@
+"""How engine pods end without losing what they hold (docs/architecture.md, "Draining").
+
+* Decode: a preStop hook (duplex_drain.py, from the engine guard's ConfigMap) holds a terminating pod until the
+  routers hold no binding and no leg on it, or until the drain deadline. Meanwhile the pod serves: its EndpointSlice
+  entry is `terminating` but `serving`, so the routers read its blocks for each bound conversation's next turn and
+  bind that turn elsewhere. Then SIGTERM; vLLM's --shutdown-timeout lets generations still running finish.
+* Prefill: no hook (a terminating prefill gets no new legs at once); --shutdown-timeout keeps it stepping after
+  SIGTERM until decode has pulled what it prefilled, which the block lease bounds.
+* The grace period is the sum of what the hook and the engine may take, plus a margin for the process to exit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from duplex.api.spec import DisaggregatedServingSpec
+from duplex.children import duplex_drain
+from duplex.children.engine_guard import MOUNT_PATH
+from duplex.children.labels import ADMIN_PORT, HTTP_PORT, child_name
+
+DRAIN_SCRIPT = f"{duplex_drain.__name__.rsplit('.', 1)[-1]}.py"
+DECODE_SHUTDOWN_SECONDS = 30  # generations still running when a drain deadline cut the wait
+LEASE_MARGIN_SECONDS = 10  # beyond prefill's block lease: decode's pull and its retry
+EXIT_MARGIN_SECONDS = 10  # for vLLM to tear down after its shutdown timeout
+
+
+def drain_service_name(serving: str) -> str:
+    return child_name(serving, "drain")
+
+
+def drain_deadline(spec: DisaggregatedServingSpec) -> int:
+    """Seconds a terminating decode pod may wait for its bindings. Default: how long decode retains blocks, which
+    bounds the router's TTL, so no binding outlives it (the router's own TTL is a router field: changing it must not
+    roll the engines)."""
+    explicit = spec.decode.drain.deadline_seconds
+    return spec.kv_transfer.decode_blocks_ttl if explicit is None else explicit
+
+
+def shutdown_timeout(spec: DisaggregatedServingSpec, role: str) -> int:
+    """vLLM's --shutdown-timeout: how long the engine keeps stepping after SIGTERM for work it still has."""
+    if role == "prefill":
+        return spec.kv_transfer.lease_duration + LEASE_MARGIN_SECONDS
+    return DECODE_SHUTDOWN_SECONDS
+
+
+def args(spec: DisaggregatedServingSpec, role: str) -> list[str]:
+    return ["--shutdown-timeout", str(shutdown_timeout(spec, role))]
+
+
+def drains(spec: DisaggregatedServingSpec, role: str) -> bool:
+    return role == "decode" and drain_deadline(spec) > 0
+
+
+def grace_seconds(spec: DisaggregatedServingSpec, role: str) -> int:
+    """terminationGracePeriodSeconds: the preStop hook's deadline (it counts against the grace period), then the
+    engine's shutdown timeout, then the exit margin."""
+    hook = drain_deadline(spec) if drains(spec, role) else 0
+    return hook + shutdown_timeout(spec, role) + EXIT_MARGIN_SECONDS
+
+
+def pre_stop(spec: DisaggregatedServingSpec, serving: str, namespace: str, role: str) -> dict[str, Any] | None:
+    """The decode pods' preStop hook (None for prefill, or with a drain deadline of 0)."""
+    if not drains(spec, role):
+        return None
+    router = f"http://{drain_service_name(serving)}.{namespace}.svc:{ADMIN_PORT}"
+    command = ["python3", f"{MOUNT_PATH}/{DRAIN_SCRIPT}", "--router", router, "--port", str(HTTP_PORT)]
+    return {"exec": {"command": [*command, "--deadline", str(drain_deadline(spec))]}}
