@@ -1,7 +1,8 @@
 """duplex as users deploy it, on pods that really run: the chart's operator pod reconciles examples/local.yaml, whose
 router pod finds the engine pods through EndpointSlices and verifies them with its canary, and a conversation through
-the router's Service reuses decode's KV, counted by the engine pods themselves. Then the failures users meet: an
-engine pod deleted mid-conversation, the operator and the router restarted."""
+the router's Service reuses decode's KV, counted by the engine pods themselves. Then the failures users meet: a
+decode pod deleted mid-conversation (drained: its conversations move without a recompute; killed: a correct
+recompute), the operator and the router restarted."""
 
 from __future__ import annotations
 
@@ -118,12 +119,51 @@ def test_a_conversation_through_the_service_reuses_decode_s_kv(serving: Cluster)
         raise AssertionError(f"{err}\nthe routers' reports: {reports}\nthe router's fabric now: {fabric}") from None
 
 
-def test_an_engine_pod_deleted_mid_conversation_leaves_a_correct_recompute(serving: Cluster) -> None:
+def decode_endpoints(counters: Counters) -> dict[str, dict[str, Any]]:
+    """The router pod's decode engines by pod IP, as its /ready detail shows them."""
+    (router,) = counters.engines("router")
+    with urllib.request.urlopen(f"http://{router['status']['podIP']}:{ADMIN_PORT}/ready", timeout=10) as resp:
+        ready = json.loads(resp.read())
+    return {e["url"].split("//")[1].split(":")[0]: e for e in ready["decode"]["endpoints"]}
+
+
+def test_a_deleted_decode_pod_drains_its_conversations_before_it_ends(serving: Cluster) -> None:
+    chat, counters = Chat(serving), Counters(serving)
+    chat.turn()
+    chat.turn()
+    (old,) = counters.engines("decode")
+    name, ip = old["metadata"]["name"], old["status"]["podIP"]
+    assert old["spec"]["terminationGracePeriodSeconds"] == 480 + 30 + 10  # the drain deadline, shutdown, exit
+    deleted = time.monotonic()
+    serving.kubectl("-n", NAMESPACE, "delete", "pod", name, "--wait=false")
+    # The pod stays, serving, in its preStop hook: the router sees it draining while a new pod takes new turns.
+    wait_for(lambda: decode_endpoints(counters).get(ip, {}).get("draining"), 60, "the router seeing the pod draining")
+    wait_for(lambda: counters.engines("decode"), 180, "a new decode pod Ready")
+    assert any(p["metadata"]["name"] == name for p in serving.pods(NAMESPACE, selector("decode"))), "it ended early"
+    hits, external = counters.router("duplex_router_kv_reuse_hits_total"), counters.external()
+    chat.turn()  # reads the history from the draining pod, decodes on the new one
+    assert counters.router("duplex_router_kv_reuse_hits_total") == hits + 1
+    assert counters.external() > external and counters.corrupt() == 0
+    # Nothing is bound to it any more: it ends long before its 480 s deadline.
+    wait_for(
+        lambda: not any(p["metadata"]["name"] == name for p in serving.pods(NAMESPACE, selector("decode"))),
+        120,
+        "the drained pod gone",
+    )
+    assert time.monotonic() - deleted < 240
+    chat.turn()  # bound to the new pod now
+    assert counters.router("duplex_router_kv_reuse_hits_total") == hits + 2
+
+
+def test_a_decode_pod_killed_without_its_drain_leaves_a_correct_recompute(serving: Cluster) -> None:
     chat, counters = Chat(serving), Counters(serving)
     chat.turn()
     chat.turn()
     (decode,) = counters.engines("decode")
-    serving.kubectl("-n", NAMESPACE, "delete", "pod", decode["metadata"]["name"], "--wait=true", timeout=180)
+    # A one-second grace period cuts the preStop hook short, as a crash or a forced delete would.
+    serving.kubectl(
+        "-n", NAMESPACE, "delete", "pod", decode["metadata"]["name"], "--grace-period=1", "--wait=true", timeout=180
+    )
     wait_for(lambda: counters.engines("decode"), 180, "a new decode pod Ready")
     wait_for(lambda: serving.condition("Ready").get("status") == "True", 120, "the serving Ready again")
     gone = counters.router("duplex_router_kv_reuse_misses_total", reason="endpoint_gone")

@@ -6,7 +6,10 @@
   bind that turn elsewhere. Then SIGTERM; vLLM's --shutdown-timeout lets generations still running finish.
 * Prefill: no hook (a terminating prefill gets no new legs at once); --shutdown-timeout keeps it stepping after
   SIGTERM until decode has pulled what it prefilled, which the block lease bounds.
-* The grace period is the sum of what the hook and the engine may take, plus a margin for the process to exit.
+* Router: a preStop sleep lets the endpoint controller and every node's kube-proxy take the pod out of the
+  Service before it stops listening; on SIGTERM it stops accepting and lets requests and streams in flight finish
+  (router config shutdown_grace_seconds).
+* The grace period is the sum of what the hook and the process may take, plus a margin for the process to exit.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ DRAIN_SCRIPT = f"{duplex_drain.__name__.rsplit('.', 1)[-1]}.py"
 DECODE_SHUTDOWN_SECONDS = 30  # generations still running when a drain deadline cut the wait
 LEASE_MARGIN_SECONDS = 10  # beyond prefill's block lease: decode's pull and its retry
 EXIT_MARGIN_SECONDS = 10  # for vLLM to tear down after its shutdown timeout
+ROUTER_UNLIST_SECONDS = 5  # the router's preStop sleep: its endpoint leaves every node's kube-proxy meanwhile
+ROUTER_SHUTDOWN_SECONDS = 120  # a streamed agent turn in flight when the router is told to stop
 
 
 def drain_service_name(serving: str) -> str:
@@ -65,3 +70,11 @@ def pre_stop(spec: DisaggregatedServingSpec, serving: str, namespace: str, role:
     router = f"http://{drain_service_name(serving)}.{namespace}.svc:{ADMIN_PORT}"
     command = ["python3", f"{MOUNT_PATH}/{DRAIN_SCRIPT}", "--router", router, "--port", str(HTTP_PORT)]
     return {"exec": {"command": [*command, "--deadline", str(drain_deadline(spec))]}}
+
+
+def router_grace_seconds() -> int:
+    return ROUTER_UNLIST_SECONDS + ROUTER_SHUTDOWN_SECONDS + EXIT_MARGIN_SECONDS
+
+
+def router_pre_stop() -> dict[str, Any]:
+    return {"sleep": {"seconds": ROUTER_UNLIST_SECONDS}}

@@ -7,7 +7,7 @@ from typing import Any
 
 from duplex.api.quantity import quantity
 from duplex.api.spec import DisaggregatedServingSpec
-from duplex.children import engine_key
+from duplex.children import engine_key, lifecycle
 from duplex.children.engine import served_model_name
 from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, ROLE, ROLE_BINDING, SERVICE_ACCOUNT
 from duplex.children.kv_config import backend, engine_threshold, kv_transfer_config, router_threshold, router_ttl
@@ -99,6 +99,7 @@ def router_config(
             ),
         ),
         timeouts=TimeoutsConfig(replay_prefill_seconds=float(limits.replay_prefill_timeout)),
+        shutdown_grace_seconds=float(lifecycle.ROUTER_SHUTDOWN_SECONDS),
         served_model_names=[served_model_name(spec)],
         fabric=FabricConfig(
             backend=backend(spec),
@@ -181,6 +182,7 @@ def router_deployment(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "volumeMounts": mounts,
+        "lifecycle": {"preStop": lifecycle.router_pre_stop()},  # out of the Service before it stops listening
     }
     volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": name}}]
     if router.client_keys_secret:
@@ -192,6 +194,7 @@ def router_deployment(
     pod_spec: dict[str, Any] = {
         "serviceAccountName": name,
         "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": lifecycle.router_grace_seconds(),
         "containers": [container],
         # The mounted file updates in place; the router reloads it without a restart (no conversation state lost).
         "volumes": volumes,

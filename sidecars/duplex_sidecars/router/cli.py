@@ -74,8 +74,9 @@ async def _serve(router: Router, server_class: type[Any]) -> None:
     try:
         await stop.wait()
     finally:
-        log.info("router shutting down")
-        await shutdown(server, router)
+        grace = router.config.shutdown_grace_seconds
+        log.info("router shutting down: requests in flight have %g s to finish", grace)
+        await shutdown(server, router, grace)
 
 
 def main(argv: list[str] | None = None, server_class: type[Any] = FrontServer) -> int:

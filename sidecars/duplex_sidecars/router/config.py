@@ -307,3 +307,10 @@ class RouterConfig(_Strict):
         None, description="Environment variable whose value is sent to the engines as a Bearer token."
     )
     reload_interval_seconds: float = Field(2.0, gt=0, description="How often the config file is checked for changes.")
+    shutdown_grace_seconds: float = Field(
+        30.0,
+        ge=0,
+        le=3600,
+        description="On SIGTERM the router stops listening and lets requests and streams in flight finish for up "
+        "to this long before it closes their connections.",
+    )

@@ -150,8 +150,8 @@ class EnginePool:
         return frozenset(url for url, e in self.engines.items() if e.healthy is False)
 
     def healthy_count(self) -> int:
-        """Healthy engines that take new legs (draining ones do not)."""
-        return sum(1 for e in self.engines.values() if e.healthy and not e.draining)
+        """Healthy engines, draining ones too: when nothing else is left they still serve (and bind nothing)."""
+        return sum(1 for e in self.engines.values() if e.healthy)
 
     @contextmanager
     def busy(self, engine: Engine, seconds: float = 0.0) -> Iterator[Engine]:

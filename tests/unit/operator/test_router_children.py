@@ -213,6 +213,13 @@ def test_router_deployment_shape() -> None:
     assert ctr["livenessProbe"]["httpGet"] == {"path": "/health", "port": "admin"}
 
 
+def test_a_router_pod_leaves_its_service_before_it_stops_and_lets_what_is_in_flight_finish() -> None:
+    d = router_deployment(spec(), "qwen", "inference")
+    assert container(d)["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}  # out of every kube-proxy first
+    assert parsed_config().shutdown_grace_seconds == 120  # then a streamed turn in flight may finish
+    assert d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 5 + 120 + 10
+
+
 def test_router_mounts_its_configmap_read_only() -> None:
     d = router_deployment(spec(), "qwen", "ns1")
     ps = d["spec"]["template"]["spec"]

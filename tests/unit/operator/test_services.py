@@ -7,7 +7,7 @@ import pytest
 from dsv_helpers import children, container, find, spec
 
 from duplex.children.labels import ROLE_LABEL, SERVING_LABEL
-from duplex.children.services import engine_service, router_endpoint, router_service
+from duplex.children.services import drain_service, engine_service, router_endpoint, router_service
 
 ROLES = ("prefill", "decode")
 
@@ -74,3 +74,15 @@ def test_services_of_two_servings_do_not_select_each_others_pods() -> None:
     svc = find(a, "Service", "alpha-prefill")
     for d in (o for o in b if o["kind"] == "Deployment"):
         assert not svc["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_the_drain_service_reaches_only_the_routers_admin_port_inside_the_cluster() -> None:
+    svc = drain_service("qwen", "inference")
+    assert svc["metadata"]["name"] == "qwen-drain"
+    assert svc["spec"] == {
+        "type": "ClusterIP",  # never the router Service's type, which may be a LoadBalancer
+        "selector": {SERVING_LABEL: "qwen", ROLE_LABEL: "router"},
+        "ports": [{"name": "admin", "port": 9090, "targetPort": "admin", "protocol": "TCP"}],
+    }
+    router_pod = container(find(children(spec()), "Deployment", "demo-router"))
+    assert {"name": "admin", "containerPort": 9090, "protocol": "TCP"} in router_pod["ports"]

@@ -1,6 +1,6 @@
 """A draining decode engine (its pod terminating, in its preStop hook): the conversations bound to it read its blocks
 once more and bind elsewhere; it takes no new legs while another engine is left; /drain on the admin port tells the
-hook what it still holds, to the engine key only."""
+hook what it still holds, to the engine key only. And the router's own shutdown lets what is in flight finish."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from duplex.children import duplex_drain
+from duplex_sidecars.router.app import shutdown
 from duplex_sidecars.router.endpoints import DECODE
 from duplex_sidecars.router.store import Entry, MemoryStore
 
@@ -77,7 +78,6 @@ async def test_with_only_draining_engines_left_turns_are_served_but_bind_nowhere
     assert await rig.router.store.held(d0) == 0
     await rig.chat(follow_up(text), conv="a")
     assert rig.metric("duplex_router_kv_reuse_misses_total", reason="endpoint_draining") == 1
-    assert not rig.router.engines.ready()  # nothing takes new legs: the router's readiness says so
 
 
 async def test_drain_needs_the_engine_key_and_an_endpoint(make_rig, engine_key):
@@ -136,3 +136,25 @@ async def test_the_pre_stop_hook_gives_up_on_an_unreachable_router_and_at_its_de
     assert await asyncio.to_thread(duplex_drain.wait, rig.server.admin_url, d0, "engine-key", 0.3, 0.05) == "deadline"
     closed = "http://127.0.0.1:1"
     assert await asyncio.to_thread(duplex_drain.wait, closed, d0, "engine-key", 30.0, 0.01) == "unreachable"
+
+
+# --- the router's own shutdown ------------------------------------------------------------------------------------
+
+
+async def test_on_shutdown_a_stream_in_flight_finishes_and_new_connections_are_refused(make_rig):
+    rig = await make_rig()
+    rig.d.stall_seconds = 0.5
+    rig.d.actions.append("stall_mid")  # the answer's first word, then half a second of nothing
+    turn = asyncio.create_task(rig.chat([USER], conv="a", stream=True))
+    while not rig.d.seen:  # the decode leg is streaming
+        await asyncio.sleep(0.01)
+    assert rig.server.server is not None
+    stopping = asyncio.create_task(shutdown(rig.server.server, rig.router, grace=10))
+    while rig.server.server.api._server.is_serving():
+        await asyncio.sleep(0.01)
+    with pytest.raises(OSError):
+        await asyncio.open_connection("127.0.0.1", rig.server.port)
+    status, _, text = await turn
+    assert status == 200 and text == "hello world again"  # the whole answer, not a cut stream
+    await stopping
+    rig.server.server = None
