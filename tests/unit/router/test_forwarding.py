@@ -11,6 +11,7 @@ import time
 import pytest
 
 from duplex_sidecars import protocol
+from duplex_sidecars.router.endpoints import DECODE
 from duplex_sidecars.router.store import MemoryStore
 
 USER = {"role": "user", "content": "What is the capital of France?"}
@@ -468,7 +469,11 @@ async def test_departed_decode_engine_drops_its_entries(make_rig):
 async def test_blocks_on_a_decode_engine_marked_unhealthy_are_recomputed_not_read(make_rig):
     # Before: the replay went out, and prefill waited out the replay timeout on the failing engine.
     rig = await make_rig(n_decode=2)
-    texts = {conv: (await rig.chat([USER], conv=conv))[2] for conv in ("a", "b", "c", "d")}
+    both = [e.url for e in rig.decode]
+    rig.router.engines.set_role(DECODE, both[:1])  # "a" on d0 for certain; the rest where the picker puts them
+    texts = {"a": (await rig.chat([USER], conv="a"))[2]}
+    rig.router.engines.set_role(DECODE, both)
+    texts |= {conv: (await rig.chat([USER], conv=conv))[2] for conv in ("b", "c", "d")}
     sick = rig.router.engines.decode.get(rig.decode[0].url)
     assert sick is not None
     rig.router.engines.decode.mark(sick, False, "health probe failed")
