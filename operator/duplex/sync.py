@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from duplex import auto_threshold
+from duplex import auto_threshold, kv_change
 from duplex import status as status_of
-from duplex.api.status import DisaggregatedServingStatus
+from duplex.api.status import DisaggregatedServingStatus, EngineChange
 from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, POD, SECRET, apply_rank, kind_of
 from duplex.children.router import fabric_configmap_name
 from duplex.converge import key, plan, with_owner
@@ -94,16 +94,54 @@ def sync(
 
     # 4. Status from the observed Deployments; the next pass sees what this one's writes did.
     pods = [o for o in observed if o.get("kind") == POD.kind]
-    new = status_of.compute(
-        serving, _deployments(serving, observed), last, at, pods, fabric, threshold, auto.calibration if auto else None
-    )
+    live = _deployments(serving, observed)
+    new = status_of.compute(serving, live, last, at, pods, fabric, threshold, auto.calibration if auto else None)
+    change = _engine_change(serving, live, to_apply)
+    if change is not None:
+        new.engine_change = EngineChange(
+            kv=change.verdict,
+            roles=list(change.roles),
+            fields=list(change.fields),
+            observed_generation=serving.generation,
+        )
     write = status_of.differs(previous, status_of.patch_body(new))
 
-    # 5. Events: what changed, new config warnings, and whether Ready flipped.
+    # 5. Events: what changed (and what a roll of engine pods does to their KV), new config warnings, and whether
+    # Ready flipped.
     events = _applied_event(to_create + to_apply, to_delete)
+    if change is not None:
+        reason = f"EngineChangeKV{change.verdict}"
+        events.append(Event("Normal" if change.verdict == "Compatible" else "Warning", reason, change.message()))
     if write:
         events += _warning_event(last, new) + _readiness_event(last, new)
     return SyncResult(apply=to_apply, delete=to_delete, create=to_create, status=new, write_status=write, events=events)
+
+
+def _engine_change(
+    serving: Serving, live: Mapping[str, Mapping[str, Any] | None], to_apply: list[dict[str, Any]]
+) -> kv_change.EngineChange | None:
+    """What applying the engine Deployments of this pass does to the KV of the pods they replace (None: no engine
+    pod rolls, or a first start)."""
+    desired = {
+        workload: obj["spec"]["template"]
+        for obj in to_apply
+        if kind_of(obj) is DEPLOYMENT
+        for workload, name in status_of.deployment_names(serving).items()
+        if workload != "router" and obj["metadata"]["name"] == name
+    }
+    if not desired:
+        return None
+    templates = {w: ((d or {}).get("spec") or {}).get("template") for w, d in live.items() if w != "router"}
+    return kv_change.classify(
+        templates, desired, serving.spec.kv_transfer.allow_decode_tp_below_prefill, complete=_both(templates, desired)
+    )
+
+
+def _both(
+    live: Mapping[str, Mapping[str, Any] | None], desired: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Mapping[str, Any]]:
+    """Both roles' templates after this pass: the desired one where it is applied, the live one elsewhere."""
+    return {r: t for r in ("prefill", "decode") if (t := desired.get(r) or live.get(r)) is not None}
 
 
 def _live_uid(child: Mapping[str, Any], observed: Sequence[Mapping[str, Any]]) -> str | None:

@@ -71,6 +71,18 @@ class EffectiveKV(_Status):
     load_failure_policy: str | None = None
 
 
+class EngineChange(_Status):
+    """The last change that rolled engine pods, and what it did to the KV they hold (duplex/kv_change.py)."""
+
+    kv: Literal["Compatible", "Incompatible"] = Field(
+        description="Compatible: old and new pods exchange blocks, conversations keep their reuse through the roll. "
+        "Incompatible: they cannot; each conversation recomputes its next turn once, on the new pods."
+    )
+    roles: list[str] = Field(default_factory=list, description="The engine roles that rolled.")
+    fields: list[str] = Field(default_factory=list, description="What made it incompatible.")
+    observed_generation: int | None = Field(None, description="The spec generation that made the change.")
+
+
 class DisaggregatedServingStatus(_Status):
     observed_generation: int | None = Field(None, description="Generation of the spec last reconciled.")
     prefill: RoleStatus | None = None
@@ -79,4 +91,5 @@ class DisaggregatedServingStatus(_Status):
     router_endpoint: str | None = Field(None, description="In-cluster URL of the router Service.")
     effective_kv: EffectiveKV | None = Field(None, alias="effectiveKV", description="KV settings the engines run with.")
     engine_config_hash: str | None = Field(None, description="Hash of the engine-facing configuration.")
+    engine_change: EngineChange | None = Field(None, description="The last change that rolled engine pods.")
     conditions: list[Condition] = Field(default_factory=list)
