@@ -67,6 +67,8 @@ async def test_a_working_pair_passes_every_step_and_the_router_counts_none_of_it
         metrics = server.router.metrics
         assert metrics.total("duplex_router_kv_reuse_hits_total") == 0
         assert metrics.total("duplex_router_requests_total") == 0
+        # ... and its store holds nothing of it: no binding keeps a draining decode pod waiting
+        assert await server.router.store.size() == 0 and await server.router.store.held(decode.url) == 0
         async with aiohttp.ClientSession() as s, s.get(server.url + "/ready") as resp:
             assert (await resp.json())["canary"]["ok"] is True
         await asyncio.sleep(1.0)

@@ -36,12 +36,14 @@ from duplex_sidecars.router.errors import RouterError
 from duplex_sidecars.router.metrics import RouterMetrics
 from duplex_sidecars.router.periodic import Periodic
 from duplex_sidecars.router.picker import Hints, Picker
+from duplex_sidecars.router.store import MemoryStore
 from duplex_sidecars.router.turn import parse_turn
 
 log = logging.getLogger(__name__)
 
 TENANT = "\0duplex-canary"  # client tenants are key file names, which cannot hold a NUL
 PATH = "/v1/chat/completions"
+CANARY_ENTRIES = 4  # its own store: one conversation of two turns at a time
 BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 READS = "vllm:nixl_xfer_time_seconds_count"
 READ_BYTES = "vllm:nixl_bytes_transferred_sum"
@@ -236,7 +238,9 @@ class Canary:
         live = self._deps()
         # Its own metrics, its engines, and no router threshold: the read back must happen whatever its size (the
         # engines' own kv_recompute_threshold still applies, which canary.prompt_words is sized for). Its legs are
-        # no samples for the calibration either: a salted turn 1 and a pinned pair are not the traffic's.
+        # no samples for the calibration either: a salted turn 1 and a pinned pair are not the traffic's. Its entries
+        # live in a store of its own: in the router's they would bind every decode engine it checks for a TTL, and
+        # a draining decode pod waits for its bindings to end.
         config = live.config.model_copy(update={"reuse": live.config.reuse.model_copy(update={"min_tokens": 0})})
         deps = dataclasses.replace(
             live,
@@ -244,6 +248,7 @@ class Canary:
             pickers={PREFILL: Pinned(prefill_url), DECODE: Pinned(decode_url)},
             metrics=self._metrics,
             calibration=None,
+            store=MemoryStore(CANARY_ENTRIES),
         )
         conversation = f"duplex-canary-{os.urandom(8).hex()}"
         model = self.config.model or next(iter(deps.config.served_model_names), None) or await self._model(prefill_url)
