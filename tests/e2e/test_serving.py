@@ -1,7 +1,7 @@
 """duplex as users deploy it, on pods that really run: the chart's operator pod reconciles examples/local.yaml, whose
 router pod finds the engine pods through EndpointSlices and verifies them with its canary, and a conversation through
 the router's Service reuses decode's KV, counted by the engine pods themselves. Then the failures users meet: a
-decode pod deleted mid-conversation (drained: its conversations move without a recompute; killed: a correct
+decode pod killed mid-conversation (a correct recompute) and one deleted (drained: its conversation moves without a
 recompute), the operator and the router restarted."""
 
 from __future__ import annotations
@@ -127,52 +127,50 @@ def decode_endpoints(counters: Counters) -> dict[str, dict[str, Any]]:
     return {e["url"].split("//")[1].split(":")[0]: e for e in ready["decode"]["endpoints"]}
 
 
-def test_a_deleted_decode_pod_drains_its_conversations_before_it_ends(serving: Cluster) -> None:
+def gone(serving: Cluster, name: str) -> bool:
+    return not any(p["metadata"]["name"] == name for p in serving.pods(NAMESPACE, selector("decode")))
+
+
+def test_a_decode_pod_killed_then_one_deleted_mid_conversation(serving: Cluster) -> None:
+    """Killed (a one-second grace period cuts its drain short, as a crash or a forced delete would): the blocks die
+    with it, and the next turn is a correct recompute. Deleted: it drains, so the next turn still reads its blocks,
+    and it ends as soon as nothing is bound to it. The kill comes first so that the pod deleted after it holds only
+    this conversation (earlier tests' conversations stay bound to the first pod until their TTL)."""
     chat, counters = Chat(serving), Counters(serving)
     chat.turn()
     chat.turn()
-    (old,) = counters.engines("decode")
-    name, ip = old["metadata"]["name"], old["status"]["podIP"]
-    assert old["spec"]["terminationGracePeriodSeconds"] == 480 + 30 + 10  # the drain deadline, shutdown, exit
+    (first,) = counters.engines("decode")
+    serving.kubectl(
+        "-n", NAMESPACE, "delete", "pod", first["metadata"]["name"], "--grace-period=1", "--wait=true", timeout=180
+    )
+    wait_for(lambda: counters.engines("decode"), 180, "a new decode pod Ready")
+    wait_for(lambda: serving.condition("Ready").get("status") == "True", 120, "the serving Ready again")
+    lost = counters.router("duplex_router_kv_reuse_misses_total", reason="endpoint_gone")
+    external = counters.external()
+    chat.turn()  # the blocks died with the pod: the router must not replay them
+    assert counters.router("duplex_router_kv_reuse_misses_total", reason="endpoint_gone") == lost + 1
+    assert counters.external() == external
+    chat.turn()  # bound to the new decode pod, and reusing there
+    assert counters.external() > external
+
+    (second,) = counters.engines("decode")
+    name, ip = second["metadata"]["name"], second["status"]["podIP"]
+    assert second["spec"]["terminationGracePeriodSeconds"] == 480 + 30 + 10  # the drain deadline, shutdown, exit
     deleted = time.monotonic()
     serving.kubectl("-n", NAMESPACE, "delete", "pod", name, "--wait=false")
-    # The pod stays, serving, in its preStop hook: the router sees it draining while a new pod takes new turns.
+    # It stays, serving, in its preStop hook: the router sees it draining while a new pod takes new turns.
     wait_for(lambda: decode_endpoints(counters).get(ip, {}).get("draining"), 60, "the router seeing the pod draining")
     wait_for(lambda: counters.engines("decode"), 180, "a new decode pod Ready")
-    assert any(p["metadata"]["name"] == name for p in serving.pods(NAMESPACE, selector("decode"))), "it ended early"
+    assert not gone(serving, name), "the pod ended while a conversation was bound to it"
     hits, external = counters.router("duplex_router_kv_reuse_hits_total"), counters.external()
     chat.turn()  # reads the history from the draining pod, decodes on the new one
     assert counters.router("duplex_router_kv_reuse_hits_total") == hits + 1
     assert counters.external() > external and counters.corrupt() == 0
     # Nothing is bound to it any more: it ends long before its 480 s deadline.
-    wait_for(
-        lambda: not any(p["metadata"]["name"] == name for p in serving.pods(NAMESPACE, selector("decode"))),
-        120,
-        "the drained pod gone",
-    )
+    wait_for(lambda: gone(serving, name), 120, "the drained pod gone")
     assert time.monotonic() - deleted < 240
     chat.turn()  # bound to the new pod now
     assert counters.router("duplex_router_kv_reuse_hits_total") == hits + 2
-
-
-def test_a_decode_pod_killed_without_its_drain_leaves_a_correct_recompute(serving: Cluster) -> None:
-    chat, counters = Chat(serving), Counters(serving)
-    chat.turn()
-    chat.turn()
-    (decode,) = counters.engines("decode")
-    # A one-second grace period cuts the preStop hook short, as a crash or a forced delete would.
-    serving.kubectl(
-        "-n", NAMESPACE, "delete", "pod", decode["metadata"]["name"], "--grace-period=1", "--wait=true", timeout=180
-    )
-    wait_for(lambda: counters.engines("decode"), 180, "a new decode pod Ready")
-    wait_for(lambda: serving.condition("Ready").get("status") == "True", 120, "the serving Ready again")
-    gone = counters.router("duplex_router_kv_reuse_misses_total", reason="endpoint_gone")
-    external = counters.external()
-    chat.turn()  # the blocks died with the pod: the router must not replay them
-    assert counters.router("duplex_router_kv_reuse_misses_total", reason="endpoint_gone") == gone + 1
-    assert counters.external() == external
-    chat.turn()  # and the conversation binds to the new decode pod
-    assert counters.external() > external
 
 
 def test_operator_and_router_pods_restarted_keep_serving(serving: Cluster) -> None:
