@@ -7,6 +7,7 @@ import dataclasses
 import hmac
 import json
 import logging
+import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from duplex_sidecars.router.turn import body_of, parse_turn
 log = logging.getLogger(__name__)
 
 _MAINTENANCE_SECONDS = 5.0
+BINDINGS_SECONDS = 30.0  # how often live bindings per decode engine are counted for the fabric report
 
 
 class Router:
@@ -85,6 +87,10 @@ class Router:
             "config reload", self._reload_if_changed, lambda: self.config.reload_interval_seconds, log
         )
         self.engines.on_decode_removed(self._drop_departed)
+        # Live bindings per decode engine (by host:port), counted every BINDINGS_SECONDS: the fabric report carries them
+        # to the operator, which makes the decode pods holding the fewest the first to go on a scale-in.
+        self.bindings: dict[str, int] = {}
+        self._bindings_at = -float("inf")
 
     @property
     def config(self) -> RouterConfig:
@@ -169,7 +175,8 @@ class Router:
         calibration."""
         assert self.fabric is not None
         canary = self.canary.verdict() if self.canary is not None else None
-        return {**self.fabric.verdict(), "canary": canary, "calibration": self.calibrated()}
+        verdict = {**self.fabric.verdict(), "canary": canary, "calibration": self.calibrated()}
+        return {**verdict, "bindings": dict(self.bindings)}
 
     def _session(self) -> aiohttp.ClientSession:
         assert self.session is not None
@@ -280,7 +287,26 @@ class Router:
         self.metrics.config_reloads.labels("applied").inc()
         log.info("config reloaded (generation %d)", self.generation)
 
+    async def count_bindings(self) -> dict[str, int]:
+        """Live bindings per decode engine, by address (host:port, as the engine's URL has it); an engine the store did
+        not answer for keeps its last count."""
+        counts = {}
+        for url in list(self.engines.decode.engines):
+            host = urllib.parse.urlsplit(url).netloc or url
+            try:
+                counts[host] = await self.store.held(url)
+            except StoreError:
+                self.metrics.store_errors.labels("held").inc()
+                if host in self.bindings:
+                    counts[host] = self.bindings[host]
+        self.bindings = counts
+        return counts
+
     async def _store_upkeep(self) -> None:
+        now = time.monotonic()
+        if self.fabric_report is not None and now - self._bindings_at >= BINDINGS_SECONDS:
+            self._bindings_at = now
+            await self.count_bindings()
         await self.store.upkeep()
         size = await self.store.size()
         if size is not None:

@@ -158,3 +158,15 @@ async def test_on_shutdown_a_stream_in_flight_finishes_and_new_connections_are_r
     assert status == 200 and text == "hello world again"  # the whole answer, not a cut stream
     await stopping
     rig.server.server = None
+
+
+async def test_bindings_per_decode_host_are_counted_for_the_fabric_report(make_rig):
+    rig = await make_rig(n_decode=2)
+    d0, d1 = (e.url for e in rig.decode)
+    rig.router.engines.set_role(DECODE, [d0])
+    for conv in ("a", "b"):
+        await rig.chat([USER], conv=conv)
+    rig.router.engines.set_role(DECODE, [d0, d1])
+    counts = await rig.router.count_bindings()
+    assert counts == {d0.split("//")[1]: 2, d1.split("//")[1]: 0}
+    assert rig.router.bindings == counts
