@@ -18,7 +18,7 @@ from kubernetes import client, config
 
 from duplex.api.meta import API_VERSION, FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
 from duplex.apierrors import ApiError, Failure
-from duplex.children.kinds import ChildKind, kind_of
+from duplex.children.kinds import POD, ChildKind, kind_of
 
 log = logging.getLogger("duplex.kube")
 
@@ -111,6 +111,17 @@ class Kube:
         """Delete a child; its own children (pods, ReplicaSets) go in the background. Already gone is fine."""
         try:
             self._request("DELETE", _child_path(obj), body={"propagationPolicy": "Background"})
+        except ApiError as err:
+            if err.failure is not Failure.NOT_FOUND:
+                raise
+
+    def annotate_pod(self, pod: dict[str, Any]) -> None:
+        """Merge-patch a pod's annotations (scale_in.py's deletion costs). A pod already gone is fine."""
+        meta = pod["metadata"]
+        path = object_path(POD, meta["namespace"], meta["name"])
+        try:
+            body = {"metadata": {"annotations": meta["annotations"]}}
+            self._request("PATCH", path, body=body, content_type="application/merge-patch+json")
         except ApiError as err:
             if err.failure is not Failure.NOT_FOUND:
                 raise

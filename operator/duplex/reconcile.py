@@ -65,6 +65,9 @@ def _reconcile(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Mapping
         # wait for the key go out in this pass rather than in the next one (a settle interval and a pass later).
         result = sync(parent, [*observed, *made], parent.get("status"), at=status.now(), policy=POLICY)
         out = Outcome(applied=out.applied, ready=result.ready, invalid=result.invalid)
+    for pod in result.annotate:  # before the Deployment whose scale-in reads them
+        kube.annotate_pod(pod)
+        metrics.WRITES.labels("annotate", "Pod").inc()
     for obj in result.apply:
         current[key(obj)] = kube.apply(obj)
         metrics.WRITES.labels("apply", obj["kind"]).inc()

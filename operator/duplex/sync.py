@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from duplex import auto_threshold, kv_change
+from duplex import auto_threshold, kv_change, scale_in
 from duplex import status as status_of
 from duplex.api.status import DisaggregatedServingStatus, EngineChange
 from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, POD, SECRET, apply_rank, kind_of
@@ -40,6 +40,8 @@ class Event:
 class SyncResult:
     apply: list[dict[str, Any]] = field(default_factory=list)  # in apply order, owned by the parent
     delete: list[dict[str, Any]] = field(default_factory=list)  # observed children, in delete order
+    # Pods' annotation patches, written before `apply`: on a decode scale-in, the deletion cost of each decode pod.
+    annotate: list[dict[str, Any]] = field(default_factory=list)
     # Missing children to create once and never change (the engine key Secret, without its key: the shell adds it).
     create: list[dict[str, Any]] = field(default_factory=list)
     status: DisaggregatedServingStatus = field(default_factory=DisaggregatedServingStatus)
@@ -97,6 +99,9 @@ def sync(
     live = _deployments(serving, observed)
     new = status_of.compute(serving, live, last, at, pods, fabric, threshold, auto.calibration if auto else None)
     change = _engine_change(serving, live, to_apply)
+    # A scale-in of decode: the pods the fewest conversations are bound to go first (scale_in.py).
+    reports = status_of.fresh_reports(fabric, at)
+    annotate = scale_in.deletion_costs(serving.name, serving.spec.decode.replicas, live.get("decode"), pods, reports)
     if change is not None:
         new.engine_change = EngineChange(
             kv=change.verdict,
@@ -114,7 +119,15 @@ def sync(
         events.append(Event("Normal" if change.verdict == "Compatible" else "Warning", reason, change.message()))
     if write:
         events += _warning_event(last, new) + _readiness_event(last, new)
-    return SyncResult(apply=to_apply, delete=to_delete, create=to_create, status=new, write_status=write, events=events)
+    return SyncResult(
+        apply=to_apply,
+        delete=to_delete,
+        annotate=annotate,
+        create=to_create,
+        status=new,
+        write_status=write,
+        events=events,
+    )
 
 
 def _engine_change(

@@ -64,7 +64,8 @@ WATCHED_CHILD_KINDS = tuple(k for k in CHILD_KINDS if k.watched)
 
 # Watched for what they report, never written: engine pods (their preflight results). Pods are owned by ReplicaSets,
 # so the shell finds a pod's parent by its serving label.
-POD = ChildKind("", "v1", "Pod", "pods", verbs=("list", "watch"))
+# Watched for the preflight reports; patched only for a decode scale-in's deletion costs (duplex/scale_in.py).
+POD = ChildKind("", "v1", "Pod", "pods", verbs=("list", "watch", "patch"))
 OBSERVED_KINDS: tuple[ChildKind, ...] = (POD,)
 
 _BY_TYPE = {(k.api_version, k.kind): k for k in CHILD_KINDS}

@@ -131,6 +131,9 @@ class RecordingKube:
         stored["metadata"]["resourceVersion"] = "8"
         return stored
 
+    def annotate_pod(self, pod: dict[str, Any]) -> None:
+        self.calls.append(("annotate", *refs([pod])))
+
     def get(self, obj: dict[str, Any]) -> dict[str, Any] | None:
         self.calls.append(("get", *refs([obj])))
         if not self.exists:
