@@ -125,6 +125,21 @@ class Cluster:
         except AssertionError as err:
             raise AssertionError(f"{err}; {kind} was {last}") from None
 
+    def serves_through(self, service: str, pods: list[dict[str, Any]], namespace: str = NAMESPACE) -> bool:
+        """Whether the Service's EndpointSlices list exactly these pods, ready: a pod Ready is not yet a pod that
+        kube-proxy sends the Service's connections to (the EndpointSlice controller may lag behind)."""
+        slices = self.json("-n", namespace, "get", "endpointslices", "-l", f"kubernetes.io/service-name={service}")
+        listed = {
+            address
+            for s in slices["items"]
+            for e in s.get("endpoints") or []
+            if (e.get("conditions") or {}).get("ready")
+            for address in e.get("addresses") or []
+        }
+        everything = {a for s in slices["items"] for e in s.get("endpoints") or [] for a in e.get("addresses") or []}
+        wanted = {p["status"]["podIP"] for p in pods}
+        return bool(wanted) and listed == wanted == everything
+
     def service_url(self, name: str, namespace: str = NAMESPACE) -> str:
         svc = self.json("-n", namespace, "get", "svc", name)
         return f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}"

@@ -47,6 +47,11 @@ def test_routers_restarted_keep_reusing_through_redis(redis_namespace: Cluster) 
     names = [p["metadata"]["name"] for p in routers]
     installed.kubectl("-n", NAMESPACE, "delete", "pod", *names, "--wait=true", timeout=180)
     wait_for(lambda: len(counters.engines("router")) == 2, 180, "two new router pods Ready")
+    wait_for(
+        lambda: installed.serves_through(f"{SERVING}-router", counters.engines("router"), NAMESPACE),
+        60,
+        "the router Service sending to the new router pods only",
+    )
     external = counters.external()
     chat.turn()  # the new routers never saw this conversation: the entry comes from Redis
     assert counters.router("duplex_router_kv_reuse_hits_total") == 1, "the turn after the restart did not reuse"

@@ -183,6 +183,11 @@ def test_operator_and_router_pods_restarted_keep_serving(serving: Cluster) -> No
     wait_for(lambda: serving.running("duplex-system", "app.kubernetes.io/name=duplex"), 180, "a new operator pod")
     wait_for(lambda: counters.engines("router"), 180, "a new router pod Ready")
     wait_for(lambda: serving.condition("Ready").get("status") == "True", 120, "the serving Ready again")
+    wait_for(
+        lambda: serving.serves_through(f"{SERVING}-router", counters.engines("router")),
+        60,
+        "the router Service sending to the new router pod only",
+    )
     # The memory store went with the router pod: the next turn is a correct recompute, the one after reuses.
     chat.turn()
     started = time.monotonic()
