@@ -249,6 +249,15 @@ class DrainSpec(Model):
         "0: no wait (bound conversations recompute their next turn). The pod's grace period is this plus the "
         "engine's shutdown time.",
     )
+    active_seconds: int = Field(
+        120,
+        ge=0,
+        le=86_400,
+        description="A binding stored within this many seconds is a conversation still going, which the pod waits "
+        "for; older ones are taken as finished (agents that stop leave their last binding behind until the TTL). "
+        "The default is well past the gap between an agent's turns in coding-agent traces (p90 24 s), and bounds "
+        "a drain to about this long after the pod's last active turn.",
+    )
 
 
 class DecodeSpec(RoleSpec):

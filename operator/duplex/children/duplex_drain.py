@@ -3,9 +3,10 @@
 When a decode pod is deleted (rollout, scale-in, drain, eviction) the kubelet runs this before SIGTERM. The pod
 still serves meanwhile; its EndpointSlice entry turns `terminating`, so the router stops binding new turns to it
 but lets each bound conversation's next turn read its blocks once and bind elsewhere. This asks the router's admin
-port (`GET /drain`) how many bindings and legs the pod still holds, and returns when both are 0, when the router
-cannot be reached (nobody is left to read the blocks), or at `--deadline` (the serving's drain deadline; the pod's
-grace period leaves vLLM time to shut down after it).
+port (`GET /drain`) how many active bindings (stored within `--active` seconds: conversations still going; older
+ones are taken as finished) and legs the pod still holds, and returns when both are 0, when the router cannot be
+reached (nobody is left to read the blocks), or at `--deadline` (the serving's drain deadline; the pod's grace period
+leaves vLLM time to shut down after it).
 
 Standard library only: it runs in the engine image's Python, from the ConfigMap that also carries the engine guard.
 """
@@ -37,8 +38,11 @@ def say(message: str) -> None:
         sys.stdout.write(line)
 
 
-def ask(router: str, endpoint: str, key: str | None, timeout: float = 3.0) -> dict[str, Any] | None:
-    url = f"{router.rstrip('/')}/drain?{urllib.parse.urlencode({'endpoint': endpoint})}"
+def ask(
+    router: str, endpoint: str, key: str | None, active: float | None = None, timeout: float = 3.0
+) -> dict[str, Any] | None:
+    query = {"endpoint": endpoint, **({"active": f"{active:g}"} if active is not None else {})}
+    url = f"{router.rstrip('/')}/drain?{urllib.parse.urlencode(query)}"
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as resp:
@@ -55,14 +59,16 @@ def wait(
     key: str | None,
     deadline_seconds: float,
     interval: float = INTERVAL_SECONDS,
+    active: float | None = None,
     clock: Any = time.monotonic,
     sleep: Any = time.sleep,
 ) -> str:
-    """Poll until the pod holds nothing; returns why it stopped: released, unreachable or deadline."""
+    """Poll until the pod holds no active binding and no leg; returns why it stopped: released, unreachable or
+    deadline. `active`: the seconds within which a stored binding counts (None: every live binding)."""
     start = clock()
     failures, settled = 0, False
     while clock() - start < deadline_seconds:
-        state = ask(router, endpoint, key)
+        state = ask(router, endpoint, key, active)
         if state is None:
             failures += 1
             if failures >= UNREACHABLE_TRIES:
@@ -71,7 +77,8 @@ def wait(
             failures = 0
             # Until the router sees the pod draining it may still bind a turn to it.
             settled = settled or bool(state.get("draining")) or clock() - start >= SETTLE_SECONDS
-            if settled and state.get("held") == 0 and not state.get("inflight"):
+            holding = state.get("active" if active is not None else "held")
+            if settled and holding == 0 and not state.get("inflight"):
                 return "released"
         sleep(interval)
     return "deadline"
@@ -82,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--router", required=True, help="the router's admin URL")
     parser.add_argument("--port", type=int, default=8000, help="the engine's HTTP port")
     parser.add_argument("--deadline", type=float, required=True, help="seconds to hold the pod at most")
+    parser.add_argument("--active", type=float, default=None, help="seconds within which a binding counts")
     parser.add_argument("--host-env", default="VLLM_NIXL_SIDE_CHANNEL_HOST", help="variable holding the pod IP")
     parser.add_argument("--key-env", default="VLLM_API_KEY", help="variable holding the engine key")
     args = parser.parse_args(argv)
@@ -91,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     endpoint = f"http://{f'[{host}]' if ':' in host else host}:{args.port}"
     started = time.monotonic()
-    say(f"holding {endpoint} until no conversation is bound to it (at most {args.deadline:g} s)")
-    why = wait(args.router, endpoint, os.environ.get(args.key_env) or None, args.deadline)
+    say(f"holding {endpoint} until no active conversation is bound to it (at most {args.deadline:g} s)")
+    why = wait(args.router, endpoint, os.environ.get(args.key_env) or None, args.deadline, active=args.active)
     say(f"{why} after {time.monotonic() - started:.1f} s")
     return 0
 

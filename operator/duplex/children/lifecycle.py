@@ -1,7 +1,7 @@
 """How engine pods end without losing what they hold (docs/architecture.md, "Draining").
 
 * Decode: a preStop hook (duplex_drain.py, from the engine guard's ConfigMap) holds a terminating pod until the
-  routers hold no binding and no leg on it, or until the drain deadline. Meanwhile the pod serves: its EndpointSlice
+  routers hold no active binding (stored within drain.activeSeconds) and no leg on it, or until the drain deadline. Meanwhile the pod serves: its EndpointSlice
   entry is `terminating` but `serving`, so the routers read its blocks for each bound conversation's next turn and
   bind that turn elsewhere. Then SIGTERM; vLLM's --shutdown-timeout lets generations still running finish.
 * Prefill: no hook (a terminating prefill gets no new legs at once); --shutdown-timeout keeps it stepping after
@@ -69,7 +69,8 @@ def pre_stop(spec: DisaggregatedServingSpec, serving: str, namespace: str, role:
         return None
     router = f"http://{drain_service_name(serving)}.{namespace}.svc:{ADMIN_PORT}"
     command = ["python3", f"{MOUNT_PATH}/{DRAIN_SCRIPT}", "--router", router, "--port", str(HTTP_PORT)]
-    return {"exec": {"command": [*command, "--deadline", str(drain_deadline(spec))]}}
+    active = str(spec.decode.drain.active_seconds)
+    return {"exec": {"command": [*command, "--active", active, "--deadline", str(drain_deadline(spec))]}}
 
 
 def router_grace_seconds() -> int:

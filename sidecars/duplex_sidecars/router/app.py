@@ -427,31 +427,45 @@ async def _ready(router: Router, request: Request) -> None:
 
 async def _drain(router: Router, request: Request) -> None:
     """What a decode pod's preStop hook waits on (operator/duplex/children/duplex_drain.py): whether this router sees
-    the engine at `?endpoint=` as draining, and the live bindings and legs it still holds. Engines prove themselves
-    with the engine key when the router has one."""
+    the engine at `?endpoint=` as draining, the live bindings and legs it still holds, and with `&active=<seconds>`
+    the bindings stored within that many seconds: the conversations still going (older ones are taken as finished).
+    Engines prove themselves with the engine key when the router has one."""
     key = router.live.deps.engine_api_key
     presented = presented_key(request.headers.get("authorization"), None) or ""
     if key and not hmac.compare_digest(presented.encode(), key.encode()):
         send_error(request, 401, "The engine key is required.", code="invalid_api_key")
         return
-    url = dict(urllib.parse.parse_qsl(request.query)).get("endpoint", "")
-    if not url:
-        send_error(request, 400, "Name the decode engine: /drain?endpoint=http://<pod-ip>:<port>.", code="bad_request")
+    query = dict(urllib.parse.parse_qsl(request.query))
+    url = query.get("endpoint", "")
+    try:
+        active = float(query["active"]) if "active" in query else None
+    except ValueError:
+        active = -1.0
+    if not url or (active is not None and not 0 <= active <= 86_400):
+        send_error(
+            request,
+            400,
+            "Name the decode engine, and optionally the seconds a binding counts as active: "
+            "/drain?endpoint=http://<pod-ip>:<port>&active=<seconds>.",
+            code="bad_request",
+        )
         return
     url = normalize_url(url)
     engine = router.engines.decode.get(url)
-    try:
-        held: int | None = await router.store.held(url)
-    except StoreError:
-        router.metrics.store_errors.labels("held").inc()
-        held = None  # unknown: the hook keeps waiting
-    body = {
+    ttl = router.config.conversation.ttl_seconds
+    body: dict[str, Any] = {
         "endpoint": url,
         "known": engine is not None,
         "draining": bool(engine and engine.draining),
-        "held": held,
         "inflight": engine.inflight if engine is not None else 0,
     }
+    try:
+        body["held"] = await router.store.held(url)
+        if active is not None:
+            body["active"] = await router.store.held(url, remaining=max(0.0, ttl - active))
+    except StoreError:
+        router.metrics.store_errors.labels("held").inc()
+        body["held"] = body["active"] = None  # unknown: the hook keeps waiting
     request.respond(200, json.dumps(body).encode())
 
 

@@ -328,9 +328,10 @@ class Store(Protocol):
 
     async def drop_endpoint(self, url: str) -> int: ...
 
-    async def held(self, url: str) -> int:
+    async def held(self, url: str, remaining: float = 0.0) -> int:
         """Live bindings to the decode engine at `url`: replayable entries, not expired, that a next turn may still
-        read from it (a draining pod waits for this to reach 0)."""
+        read from it (a draining pod waits for them). `remaining`: only those with more than this many seconds of
+        their TTL left, i.e. stored recently (an entry's TTL is the router's, the same for all)."""
         ...
 
     async def size(self) -> int | None: ...
@@ -442,13 +443,13 @@ class MemoryStore:
                 dropped += 1
         return dropped
 
-    async def held(self, url: str) -> int:
-        now = self._clock()
+    async def held(self, url: str, remaining: float = 0.0) -> int:
+        after = self._clock() + remaining
         entries = self._entries
         count = 0
         for key in self._by_endpoint.get(url, ()):
             row = entries.get(key)
-            if row is not None and row[_BLOB] is not None and row[_EXPIRES_AT] > now:
+            if row is not None and row[_BLOB] is not None and row[_EXPIRES_AT] > after:
                 count += 1
         return count
 
@@ -631,7 +632,7 @@ class RedisStore:
         await self._run("drop_endpoint", lambda: self._redis.delete(endpoint_key))
         return dropped
 
-    async def held(self, url: str) -> int:
+    async def held(self, url: str, remaining: float = 0.0) -> int:
         """Reads the endpoint's entries, DROP_BATCH per round trip: a taken entry is gone from Redis but stays in the
         index until its time has passed, and a tombstone holds nothing."""
         endpoint_key = self._endpoint_key(url)
@@ -649,7 +650,7 @@ class RedisStore:
                     entry = Entry.from_bytes(self._open(self._key(name), raw))
                 except StoreError:
                     continue
-                live += entry.replayable and entry.decode_url == url and entry.expires_at > now
+                live += entry.replayable and entry.decode_url == url and entry.expires_at > now + remaining
             return live, len(names) == DROP_BATCH
 
         count, start, more = 0, 0, True

@@ -76,7 +76,7 @@ FULL: dict[str, Any] = {
         "rollout": {"maxSurge": 2, "maxUnavailable": 1, "progressDeadlineSeconds": 900},
         "env": [{"name": "D", "value": "d"}, {"name": "D2", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
         "extraArgs": ["--swap-space", "8"],
-        "drain": {"deadlineSeconds": 120},
+        "drain": {"deadlineSeconds": 120, "activeSeconds": 30},
     },
     "network": {
         "efa": {
@@ -202,7 +202,7 @@ DEFAULTS: dict[str, Any] = {
             "rollout": {"maxSurge": 1, "maxUnavailable": 0, "progressDeadlineSeconds": 600},
             "env": [],
             "extraArgs": [],
-            **({"drain": {"deadlineSeconds": None}} if role == "decode" else {}),
+            **({"drain": {"deadlineSeconds": None, "activeSeconds": 120}} if role == "decode" else {}),
         }
         for role in ("prefill", "decode")
     },

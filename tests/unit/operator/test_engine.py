@@ -466,6 +466,7 @@ def test_decode_pods_wait_for_their_bindings_in_a_pre_stop_hook_within_their_gra
     assert hook[:2] == ["python3", "/opt/duplex/engine-guard/duplex_drain.py"]
     assert hook[hook.index("--router") + 1] == "http://demo-drain.ns1.svc:9090"
     assert hook[hook.index("--deadline") + 1] == "480"  # decodeBlocksTTL: no binding outlives decode's blocks
+    assert hook[hook.index("--active") + 1] == "120"  # bindings older than that are finished conversations
     assert ctr["args"][-2:] == ["--shutdown-timeout", "30"]
     # the hook's deadline, then vLLM's shutdown timeout, then time to exit
     assert pod_spec(role="decode")["terminationGracePeriodSeconds"] == 480 + 30 + 10

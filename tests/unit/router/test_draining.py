@@ -102,6 +102,10 @@ async def test_held_counts_live_replayable_entries_of_one_endpoint() -> None:
     assert await store.held("http://d0") == 2
     await store.take("b")
     assert await store.held("http://d0") == 1
+    assert await store.held("http://d0", remaining=15) == 0  # "a" has 10 s left: stored longer ago than that
+    await store.put("e", Entry(decode_url="http://d0", params={"remote_block_ids": [4]}, scope="s"), ttl=30)
+    assert await store.held("http://d0", remaining=15) == 1  # "e", just stored
+    await store.take("e")
     now[0] += 11  # "a" expired
     assert await store.held("http://d0") == 0 and await store.held("http://d1") == 1
 
@@ -170,3 +174,29 @@ async def test_bindings_per_decode_host_are_counted_for_the_fabric_report(make_r
     counts = await rig.router.count_bindings()
     assert counts == {d0.split("//")[1]: 2, d1.split("//")[1]: 0}
     assert rig.router.bindings == counts
+
+
+async def test_only_bindings_stored_within_the_active_window_hold_a_draining_pod(make_rig, engine_key, monkeypatch):
+    monkeypatch.setattr(duplex_drain, "say", lambda message: None)
+    rig = await make_rig(**engine_key)
+    d0 = rig.decode[0].url
+    await rig.chat([USER], conv="a")
+    rig.router.engines.set_role(DECODE, [], draining=[d0])
+    headers = {"Authorization": "Bearer engine-key"}
+    for active, expected in (("120", 1), ("0", 0)):
+        async with rig.session.get(
+            rig.server.admin_url + "/drain", params={"endpoint": d0, "active": active}, headers=headers
+        ) as resp:
+            state = await resp.json()
+        assert (state["held"], state["active"]) == (1, expected)
+    async with rig.session.get(
+        rig.server.admin_url + "/drain", params={"endpoint": d0, "active": "soon"}, headers=headers
+    ) as resp:
+        assert resp.status == 400
+    # "a" was stored more than 0 s ago: finished, as far as a hook with --active 0 is concerned
+    released = await asyncio.to_thread(
+        duplex_drain.wait, rig.server.admin_url, d0, "engine-key", 30.0, 0.05, active=0.0
+    )
+    assert released == "released"
+    held = await asyncio.to_thread(duplex_drain.wait, rig.server.admin_url, d0, "engine-key", 0.5, 0.05, active=120.0)
+    assert held == "deadline"

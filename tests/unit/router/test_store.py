@@ -86,6 +86,19 @@ async def test_concurrent_takes_get_one_entry(store):
     assert sum(r is not None for r in results) == 1
 
 
+async def test_held_counts_an_endpoints_live_bindings_and_the_recent_ones(store):
+    await store.put("a", entry(D1), ttl=60)
+    await store.put("b", entry(D1), ttl=600)
+    await store.put("c", entry(D2), ttl=600)
+    await store.put("t", Entry(decode_url=D1, reason="no_params"), ttl=600)  # a tombstone binds nothing
+    assert await store.held(D1) == 2 and await store.held(D2) == 1
+    assert await store.held(D1, remaining=120) == 1  # "a" has under 60 s left: stored as if long ago
+    await store.take("b")
+    assert await store.held(D1) == 1 and await store.held(D1, remaining=120) == 0
+    await store.drop_endpoint(D1)
+    assert await store.held(D1) == 0
+
+
 async def test_drop_endpoint_leaves_tombstones(store):
     await store.put("a", entry(D1), ttl=60)
     await store.put("b", entry(D2), ttl=60)
