@@ -8,7 +8,7 @@ STAMP_VENV := $(VENV)/.setup-venv-done
 STAMP_RUN  := $(VENV)/.setup-run-done
 STAMP      := $(VENV)/.setup-done
 
-.PHONY: setup run test test-fast test-e2e lint image test-unit test-cluster test-vllm test-realvllm test-image test-chart crds docs crds-check render cluster-up cluster-down bench bench-router bench-http bench-ttft bench-operator bench-placement clean
+.PHONY: setup run test test-fast test-e2e lint image test-unit test-cluster test-vllm test-realvllm test-image test-chart crds docs crds-check render cluster-up cluster-down bench bench-router bench-http bench-ttft bench-operator bench-placement bench-lifecycle clean
 
 $(STAMP_VENV): $(SETUP_INPUTS)
 	bash hack/setup.sh venv
@@ -124,6 +124,11 @@ bench-operator: $(STAMP)
 
 bench-placement: $(STAMP)
 	$(PY) bench/placement_bench.py --read-back-latency-ms profile,0
+
+## Conversations through a roll, a deleted decode pod and a scale-in on the local cluster's real node: duplex's
+## decode drain against the same events without it (~15 min, root).
+bench-lifecycle: $(STAMP_RUN) image
+	$(PY) bench/lifecycle_bench.py
 
 clean:
 	-$(VENV)/bin/duplex-dev cluster down

@@ -1,0 +1,374 @@
+"""Conversations through day-2 events on the real node: duplex's decode drain against the same events with the drain
+off (`spec.decode.drain.deadlineSeconds: 0`: a deleted decode pod gets SIGTERM at once and its blocks die with it,
+as plain Deployments end pods today).
+
+    python bench/lifecycle_bench.py            # 6 conversations: bench/results/lifecycle-<date>.{json,md}
+    python bench/lifecycle_bench.py --quick    # 3 conversations; bench/results/tmp/ (ignored)
+
+A local cluster with a real node (as the e2e tier), duplex installed by its chart, examples/local.yaml with two
+decode pods, driven through the router's Service by agentic conversations: each turn resends the whole history,
+then a tool's think time. During that load, one after another: a KV-compatible change (a decode env var: the decode
+Deployment rolls), a decode pod deleted, decode scaled 2 to 1 (then back, unmeasured). Per event: client requests
+that failed, follow-up turns that reused decode's blocks and those that recomputed (the router's counters), bindings
+lost with a pod (`endpoint_gone` misses: a pod ended while a conversation was bound to it), and the seconds until the
+pods the event removes are gone. See docs/benchmarks.md ("Lifecycle benchmark").
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = Path(BENCH).parent
+sys.path.insert(0, BENCH)
+
+import results_io
+
+from duplex_dev import images, processes
+from duplex_dev.cluster import LocalCluster, tools
+from duplex_dev.cluster.node_config import CHART_NODE_SELECTOR
+
+ADMIN_PORT = 9090
+SERVING = "local"
+DECODE = f"duplex.dev/serving={SERVING},duplex.dev/role=decode"
+ROUTER = f"duplex.dev/serving={SERVING},duplex.dev/role=router"
+TOOL_OUTPUT = " ".join(f"row{i} value{i * 7 % 97}" for i in range(200))
+VARIANTS = {"drain": None, "no drain": 0}  # spec.decode.drain.deadlineSeconds (None: the default)
+
+
+def say(message: str) -> None:
+    print(f"[lifecycle {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Cluster:
+    local: LocalCluster
+
+    def kubectl(self, *args: str, input: str | None = None, timeout: float = 300) -> str:
+        argv = [str(self.local.kubectl), f"--kubeconfig={self.local.kubeconfig}", *args]
+        proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.kubectl(*args, "-o", "json"))
+
+    def pods(self, ns: str, selector: str) -> list[dict[str, Any]]:
+        return list(self.json("-n", ns, "get", "pods", "-l", selector)["items"])
+
+    def ready(self, ns: str, selector: str) -> list[dict[str, Any]]:
+        out = []
+        for pod in self.pods(ns, selector):
+            conds = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
+            if conds.get("Ready") == "True" and not pod["metadata"].get("deletionTimestamp"):
+                out.append(pod)
+        return out
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not reached in {timeout:.0f} s (last: {value!r})")
+        time.sleep(interval)
+
+
+# --- load -----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Turn:
+    started: float
+    ended: float
+    ok: bool
+    first: bool
+    error: str = ""
+
+
+@dataclass
+class Load:
+    """Conversations in threads, each turn after the previous answer and a think time; a conversation restarts after
+    `turns` turns so that histories stay short."""
+
+    url: str
+    model: str
+    conversations: int
+    think: tuple[float, float] = (0.5, 2.0)
+    turns: int = 10
+    log: list[Turn] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> None:
+        for i in range(self.conversations):
+            thread = threading.Thread(target=self._run, args=(random.Random(i),), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=180)
+
+    def _run(self, rng: random.Random) -> None:
+        while not self._stop.is_set():
+            cid = f"bench-{uuid.uuid4().hex[:10]}"
+            messages: list[dict[str, Any]] = [{"role": "user", "content": "Summarise this. " + TOOL_OUTPUT}]
+            for n in range(self.turns):
+                if self._stop.is_set():
+                    return
+                body = {"model": self.model, "messages": messages, "max_tokens": 12, "conversation_id": cid}
+                started = time.monotonic()
+                answer, error = self._post(body)
+                self.log.append(Turn(started, time.monotonic(), answer is not None, n == 0, error))
+                if answer is None:
+                    break  # a failed turn ends the conversation, as an agent would retry from scratch
+                messages += [
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": f"tool result {n}: " + TOOL_OUTPUT[: 200 + 40 * n]},
+                ]
+                self._stop.wait(rng.uniform(*self.think))
+
+    def _post(self, body: dict[str, Any]) -> tuple[str | None, str]:
+        req = urllib.request.Request(
+            self.url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                return json.loads(resp.read())["choices"][0]["message"]["content"], ""
+        except (OSError, ValueError, KeyError) as exc:
+            return None, f"{type(exc).__name__}: {exc}"[:200]
+
+
+# --- one variant ------------------------------------------------------------------------------------------------
+
+
+def serving_doc(deadline: int | None) -> dict[str, Any]:
+    doc = yaml.safe_load((ROOT / "examples/local.yaml").read_text())
+    doc["spec"]["decode"]["replicas"] = 2
+    doc["spec"]["prefill"]["enablePrefixCaching"] = False  # every reused token is read back from decode
+    if deadline is not None:
+        doc["spec"]["decode"]["drain"] = {"deadlineSeconds": deadline}
+    return dict(doc)
+
+
+def counters(cluster: Cluster, ns: str) -> dict[str, float]:
+    """The router pod's reuse counters (one router: its counters are the serving's)."""
+    samples = []
+    for pod in cluster.ready(ns, ROUTER):
+        samples += processes.scrape(f"http://{pod['status']['podIP']}:{ADMIN_PORT}/metrics", timeout=10)
+    out = {
+        "hits": processes.metric_sum(samples, "duplex_router_kv_reuse_hits_total"),
+        "misses": processes.metric_sum(samples, "duplex_router_kv_reuse_misses_total"),
+    }
+    for reason in ("endpoint_gone", "endpoint_draining", "endpoint_unhealthy", "expired", "no_entry"):
+        out[reason] = processes.metric_sum(samples, "duplex_router_kv_reuse_misses_total", reason=reason)
+    return out
+
+
+def measure(
+    cluster: Cluster, ns: str, load: Load, name: str, act: Callable[[], set[str]], settle: float
+) -> dict[str, Any]:
+    """Run `act` (it returns the pods the event removes), wait until they are gone and the decode pods are back to
+    Ready, then `settle` seconds of load; what the router and the clients saw over that window."""
+    before, mark = counters(cluster, ns), len(load.log)
+    started = time.monotonic()
+    leaving = act()
+    say(f"{name}: {len(leaving)} pod(s) to go: {', '.join(sorted(leaving))}")
+    gone_after = None
+    deadline = started + 900
+    while time.monotonic() < deadline:
+        names = {p["metadata"]["name"] for p in cluster.pods(ns, DECODE)}
+        if gone_after is None and not (leaving & names):
+            gone_after = time.monotonic() - started
+            say(f"{name}: removed pods gone after {gone_after:.1f} s")
+        if gone_after is not None:
+            break
+        time.sleep(0.5)
+    time.sleep(settle)  # load keeps running: the turns after the event are part of its window
+    after = counters(cluster, ns)
+    turns = load.log[mark:]
+    delta = {k: after[k] - before[k] for k in after}
+    first_turns = sum(1 for t in turns if t.first and t.ok)
+    follow_ups = delta["hits"] + delta["misses"] - first_turns
+    return {
+        "event": name,
+        "requests": len(turns),
+        "failed": sum(1 for t in turns if not t.ok),
+        "errors": sorted({t.error for t in turns if not t.ok})[:5],
+        "follow_ups": follow_ups,
+        "reused": delta["hits"],
+        "recomputed": follow_ups - delta["hits"],
+        "bindings_lost": delta["endpoint_gone"],
+        "miss_reasons": {k: delta[k] for k in ("endpoint_gone", "endpoint_draining", "endpoint_unhealthy", "expired")},
+        "removed_pods_gone_s": gone_after,
+    }
+
+
+def run_variant(cluster: Cluster, variant: str, deadline: int | None, conversations: int, settle: float) -> Any:
+    ns = "bench-" + variant.replace(" ", "-")
+    cluster.kubectl("create", "namespace", ns)
+    try:
+        cluster.kubectl("-n", ns, "apply", "-f", "-", input=yaml.safe_dump(serving_doc(deadline)))
+        wait_for(lambda: len(cluster.ready(ns, DECODE)) == 2 and cluster.ready(ns, ROUTER), 300, "serving ready")
+        wait_for(lambda: _ready_condition(cluster, ns), 300, "Ready condition")
+        svc = cluster.json("-n", ns, "get", "svc", f"{SERVING}-router")
+        url = f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}/v1/chat/completions"
+        model = cluster.json("-n", ns, "get", "dsv", SERVING)["spec"]["model"]["servedModelName"]
+        load = Load(url, model, conversations)
+        load.start()
+        time.sleep(settle)  # warm: every conversation past its first turns
+        events = []
+
+        def roll() -> set[str]:
+            old = {p["metadata"]["name"] for p in cluster.pods(ns, DECODE)}
+            patch = {"spec": {"decode": {"env": [{"name": "BENCH_ROLL", "value": uuid.uuid4().hex[:6]}]}}}
+            cluster.kubectl("-n", ns, "patch", "dsv", SERVING, "--type=merge", "-p", json.dumps(patch))
+            return old
+
+        def delete() -> set[str]:
+            victim = cluster.ready(ns, DECODE)[0]["metadata"]["name"]
+            cluster.kubectl("-n", ns, "delete", "pod", victim, "--wait=false")
+            return {victim}
+
+        def scale_in() -> set[str]:
+            old = {p["metadata"]["name"] for p in cluster.pods(ns, DECODE)}
+            patch = {"spec": {"decode": {"replicas": 1}}}
+            cluster.kubectl("-n", ns, "patch", "dsv", SERVING, "--type=merge", "-p", json.dumps(patch))
+            kept: set[str] = wait_for(lambda: _one_left(cluster, ns, old), 120, "the ReplicaSet choosing its victim")
+            return old - kept
+
+        for name, act in (
+            ("KV-compatible change", roll),
+            ("decode pod deleted", delete),
+            ("scale-in 2 to 1", scale_in),
+        ):
+            wait_for(lambda: len(cluster.ready(ns, DECODE)) == 2, 300, "two decode pods")
+            events.append(measure(cluster, ns, load, name, act, settle))
+            say(f"{variant}: {events[-1]}")
+        load.stop()
+        return events
+    finally:
+        # The serving first, then the namespace in the background: the namespace controller looks again only after
+        # the longest grace period of the pods it saw.
+        cluster.kubectl("-n", ns, "delete", "dsv", SERVING, "--wait=true", timeout=300)
+        wait_for(lambda: not cluster.pods(ns, "app.kubernetes.io/part-of=duplex"), 600, "the serving's pods gone")
+        cluster.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def _ready_condition(cluster: Cluster, ns: str) -> bool:
+    conds = cluster.json("-n", ns, "get", "dsv", SERVING).get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+
+def _one_left(cluster: Cluster, ns: str, old: set[str]) -> set[str] | None:
+    """The decode pod the scale-in keeps, once the other one is being deleted."""
+    live = [p for p in cluster.pods(ns, DECODE) if not p["metadata"].get("deletionTimestamp")]
+    return {p["metadata"]["name"] for p in live} if len(live) == 1 else None
+
+
+# --- report -----------------------------------------------------------------------------------------------------
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [
+        f"# Lifecycle benchmark, {results['date']}",
+        "",
+        f"`{results['command']}` (duplex {results['commit']}): {results['conversations']} agentic conversations "
+        f"through the router's Service on the local cluster's real node, examples/local.yaml with two decode pods "
+        f"(simulated engines, real NIXL over UCX), think time 0.5-2 s, {results['settle_s']:g} s of load after each "
+        "event. `no drain` is the same serving with `spec.decode.drain.deadlineSeconds: 0`.",
+        "",
+        "| event | variant | requests | failed | follow-ups | reused | recomputed | bindings lost | removed pods gone |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    by_event: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for variant, events in results["variants"].items():
+        for e in events:
+            by_event.setdefault(e["event"], []).append((variant, e))
+    for event, rows in by_event.items():
+        for variant, e in rows:
+            share = f" ({e['reused'] / e['follow_ups']:.0%})" if e["follow_ups"] else ""
+            gone = f"{e['removed_pods_gone_s']:.1f} s" if e["removed_pods_gone_s"] is not None else "not in 900 s"
+            lines.append(
+                f"| {event} | {variant} | {e['requests']} | {e['failed']} | {e['follow_ups']:g} | "
+                f"{e['reused']:g}{share} | {e['recomputed']:g} | {e['bindings_lost']:g} | {gone} |"
+            )
+    lines += [
+        "",
+        "Follow-ups are turns after a conversation's first; `reused` ones read decode's blocks back, `recomputed` ones "
+        "did not (any miss reason). `bindings lost`: turns whose blocks had gone with their pod (`endpoint_gone`).",
+        "Not measured here: a KV-incompatible change (duplex classifies it, status.engineChange, but does not yet "
+        "roll it as a lockstep revision) and a node drain (the local cluster has one real node).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 conversations, shorter windows; results in tmp/")
+    parser.add_argument("--conversations", type=int, default=None)
+    args = parser.parse_args(argv)
+    conversations = args.conversations or (3 if args.quick else 6)
+    settle = 10.0 if args.quick else 20.0
+    image = images.project_image()
+    local = LocalCluster(Path(tempfile.mkdtemp(prefix="duplex-lifecycle-")), bin_dir=tools.locate(None), real_node=True)
+    try:
+        say("starting a local cluster with a real node")
+        local.up(timeout=300)
+        local.import_image(images.archive(image))
+        cluster = Cluster(local)
+        helm = [str(local.bin_dir / "helm"), f"--kubeconfig={local.kubeconfig}"]
+        subprocess.run(
+            [*helm, "upgrade", "--install", "duplex", str(ROOT / "charts/duplex"), "-n", "duplex-system",
+             "--create-namespace", "--wait", "--timeout", "5m", "--set-string", CHART_NODE_SELECTOR],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        variants = {}
+        for variant, deadline in VARIANTS.items():
+            say(f"variant {variant}")
+            variants[variant] = run_variant(cluster, variant, deadline, conversations, settle)
+    finally:
+        local.down()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    results = {
+        "date": dt.date.today().isoformat(),
+        "command": "python bench/lifecycle_bench.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "commit": commit.stdout.strip(),
+        "conversations": conversations,
+        "settle_s": settle,
+        "variants": variants,
+    }
+    where = os.path.join(results_io.RESULTS, "tmp" if args.quick else "", f"lifecycle-{results['date']}")
+    results_io.write(where, results, markdown(results))
+    print(markdown(results))
+    say(f"wrote {where}.json and .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
