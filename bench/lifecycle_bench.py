@@ -357,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     results = {
         "date": dt.date.today().isoformat(),
-        "command": "python bench/lifecycle_bench.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "command": " ".join(
+            ["python bench/lifecycle_bench.py", shlex.join(argv if argv is not None else sys.argv[1:])]
+        ).strip(),
         "commit": commit.stdout.strip(),
         "conversations": conversations,
         "settle_s": settle,
