@@ -133,7 +133,7 @@ EXPECTED_CHILDREN = {
     "rolebinding": ["qwen3-32b-router"],
     "configmap": ["qwen3-32b-fabric", "qwen3-32b-guard", "qwen3-32b-router"],
     "secret": ["qwen3-32b-engine-key"],
-    "service": ["qwen3-32b-decode", "qwen3-32b-prefill", "qwen3-32b-router"],
+    "service": ["qwen3-32b-decode", "qwen3-32b-drain", "qwen3-32b-prefill", "qwen3-32b-router"],
     "networkpolicy": ["qwen3-32b-decode", "qwen3-32b-prefill", "qwen3-32b-router"],
     "deployment": ["qwen3-32b-decode", "qwen3-32b-prefill", "qwen3-32b-router"],
 }
@@ -618,7 +618,8 @@ def test_operator_identity_is_least_privilege(op, cluster, kubectl):
         ("list", "secrets"),  # ... and read by name: no Secret the operator does not name
         ("watch", "secrets"),
         ("get", "pods"),  # engine pods are watched for their preflight reports, never read one by one
-        ("patch", "pods"),
+        ("update", "pods"),  # patched only with a decode scale-in's deletion costs
+        ("delete", "pods"),
         ("create", "clusterroles.rbac.authorization.k8s.io"),
         ("delete", "namespaces"),
         ("create", "pods/exec"),
@@ -770,10 +771,15 @@ def test_the_engines_are_fenced_and_keyed_on_the_api_server(op, kubectl, namespa
         assert peer_rule["ports"][0] == {"protocol": "TCP", "port": 5600}
         assert {(p["port"], p.get("endPort")) for p in peer_rule["ports"][1:]} == {(1024, 7999), (8001, 65535)}
     router_policy = kubectl.json("-n", namespace, "get", "networkpolicy", "qwen3-32b-router")["spec"]
-    (api_rule, admin_rule) = router_policy["ingress"]
+    (api_rule, drain_rule, admin_rule) = router_policy["ingress"]
     assert api_rule == {"ports": [{"protocol": "TCP", "port": 8000}]}  # the API edge: open
     assert admin_rule["ports"] == [{"protocol": "TCP", "port": 9090}]  # /metrics and the topology: scrapers only
     assert admin_rule["from"] == scrape_rule["from"]
+    # ... and this serving's decode pods, whose preStop hook asks what they still hold (/drain, with the engine key)
+    assert drain_rule == {
+        "from": [{"podSelector": {"matchLabels": {"duplex.dev/serving": "qwen3-32b", "duplex.dev/role": "decode"}}}],
+        "ports": [{"protocol": "TCP", "port": 9090}],
+    }
 
     key, version = secret_key(kubectl, namespace)
     assert len(key) >= 43

@@ -274,6 +274,12 @@ HOST_SUBSTITUTIONS: tuple[Substitution, ...] = (
         _flag_from("--max-model-len", lambda lo: lo.max_model_len),
     ),
     Substitution(
+        "--shutdown-timeout",
+        "a pod keeps stepping after SIGTERM until its peers have read its blocks (children/lifecycle.py); host "
+        "engines are stopped by a test or the demo when no peer will read them, so waiting only slows the stop",
+        _set_flag("--shutdown-timeout", "0"),
+    ),
+    Substitution(
         "--enforce-eager",
         "no CUDA graphs on CPU, and torch.compile warm-up would add minutes on 2 cores",
         _set_flag("--enforce-eager"),
