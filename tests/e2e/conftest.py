@@ -126,8 +126,9 @@ class Cluster:
             raise AssertionError(f"{err}; {kind} was {last}") from None
 
     def serves_through(self, service: str, pods: list[dict[str, Any]], namespace: str = NAMESPACE) -> bool:
-        """Whether the Service's EndpointSlices list exactly these pods, ready: a pod Ready is not yet a pod that
-        kube-proxy sends the Service's connections to (the EndpointSlice controller may lag behind)."""
+        """Whether the Service's EndpointSlices list exactly these pods, ready, and kube-proxy's rules on the node
+        send new connections to them only: a pod Ready is not yet in the slice, and a slice changed is not yet in
+        the rules (each lags behind the one before)."""
         slices = self.json("-n", namespace, "get", "endpointslices", "-l", f"kubernetes.io/service-name={service}")
         listed = {
             address
@@ -138,7 +139,11 @@ class Cluster:
         }
         everything = {a for s in slices["items"] for e in s.get("endpoints") or [] for a in e.get("addresses") or []}
         wanted = {p["status"]["podIP"] for p in pods}
-        return bool(wanted) and listed == wanted == everything
+        if not wanted or not listed == wanted == everything:
+            return False
+        node = self.local.node
+        assert node is not None, "the e2e cluster runs a real node"
+        return node.proxied_to(namespace, service) == wanted
 
     def service_url(self, name: str, namespace: str = NAMESPACE) -> str:
         svc = self.json("-n", namespace, "get", "svc", name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -163,6 +164,15 @@ class RealNode:
                 return resp.status == 200
         except OSError:
             return False
+
+    def proxied_to(self, namespace: str, service: str) -> set[str]:
+        """The pod addresses kube-proxy's rules in the node send a Service's new connections to: an EndpointSlice
+        change reaches them only at kube-proxy's next sync."""
+        argv = ["nsenter", f"--net=/run/netns/{self.addrs.netns}", "iptables-save", "-t", "nat"]
+        rules = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
+        name = re.escape(f"{namespace}/{service}")
+        jump = re.compile(rf'^-A KUBE-SVC-\S+ .*--comment "{name}(?::\S+)? -> ([\d.]+):\d+"', re.M)
+        return set(jump.findall(rules))
 
     def import_image(self, binaries: NodeBinaries, archive: Path) -> str:
         """Import an OCI archive into the CRI's image namespace; returns what ctr printed."""
