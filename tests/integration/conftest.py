@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from duplex_dev.cluster import ClusterError, LocalCluster, tools
+from duplex_dev.launch.operator import OPERATOR_USER, OperatorProcess, install_crd_and_rbac
 
 _CLUSTER = pytest.StashKey[LocalCluster]()
 
@@ -191,3 +192,17 @@ def namespace(cluster: LocalCluster, kubectl: Kubectl, request: pytest.FixtureRe
     _wait_for(has_default_sa, timeout=60, what=f"ServiceAccount {name}/default")
     yield name
     kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: LocalCluster, kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    """The operator as a process of its own, logged in as its least-privilege user; one per test module. Its log
+    tail goes to the teardown output."""
+    install_crd_and_rbac(kubectl)
+    proc = OperatorProcess(cluster.kubeconfig_for_user(OPERATOR_USER), tmp_path_factory.mktemp("operator"))
+    proc.start()
+    yield proc
+    print(f"----- operator log tail ({proc.log_path}) -----\n{proc.log_tail()}")
+    proc.stop()

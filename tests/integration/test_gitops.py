@@ -7,28 +7,17 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
-from operator_harness import ROOT, OperatorProcess, install_crd_and_rbac
+from operator_harness import ROOT
 
 pytestmark = pytest.mark.cluster
 
 SEED = yaml.safe_load((ROOT / "examples" / "seed.yaml").read_text())
 # The field managers Argo CD (ServerSideApply=true) and Flux's kustomize-controller apply with.
 MANAGERS = ("argocd-controller", "kustomize-controller")
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Any, kubectl: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    install_crd_and_rbac(kubectl)
-    proc = OperatorProcess(cluster.kubeconfig_for_user("duplex-operator"), tmp_path_factory.mktemp("operator"))
-    proc.start()
-    yield proc
-    print(f"----- operator log tail ({proc.log_path}) -----\n{proc.log_tail()}")
-    proc.stop()
 
 
 def manifest(namespace: str) -> str:

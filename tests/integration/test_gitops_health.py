@@ -12,12 +12,11 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
-from operator_harness import ROOT, OperatorProcess, install_crd_and_rbac
+from operator_harness import ROOT
 
 sys.path.insert(0, str(ROOT / "tests" / "observability"))
 
@@ -29,16 +28,6 @@ pytestmark = pytest.mark.cluster
 SEED = yaml.safe_load((ROOT / "examples" / "seed.yaml").read_text())
 UPDATE = os.environ.get("DUPLEX_UPDATE_FIXTURES") == "1"
 FIXTURE_NAMESPACE = "ml"
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Any, kubectl: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    install_crd_and_rbac(kubectl)
-    proc = OperatorProcess(cluster.kubeconfig_for_user("duplex-operator"), tmp_path_factory.mktemp("operator"))
-    proc.start()
-    yield proc
-    print(f"----- operator log tail ({proc.log_path}) -----\n{proc.log_tail()}")
-    proc.stop()
 
 
 def seed(namespace: str) -> dict[str, Any]:

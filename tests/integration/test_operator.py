@@ -21,7 +21,6 @@ from operator_harness import (
     OPERATOR_USER,
     ROOT,
     OperatorProcess,
-    install_crd_and_rbac,
     operator_requests,
     operator_writes,
     query,
@@ -57,16 +56,6 @@ RESYNC_SECONDS = 2.0  # the harness's --resync-seconds
 # A bound on a restarted operator's start (imports, login, LIST and WATCH of every kind): seconds when the machine
 # is quiet, but over a minute has been seen on a 2-core machine shared with CPU vLLM engines.
 START_TIMEOUT = 180.0
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Any, kubectl: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    install_crd_and_rbac(kubectl)
-    kubeconfig = cluster.kubeconfig_for_user(OPERATOR_USER)
-    proc = OperatorProcess(kubeconfig, tmp_path_factory.mktemp("operator"))
-    proc.start()
-    yield proc
-    proc.stop()
 
 
 @pytest.fixture
