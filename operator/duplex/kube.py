@@ -93,6 +93,17 @@ class Kube:
             query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
         )
 
+    def hand_over(self, obj: dict[str, Any], manager: str) -> dict[str, Any]:
+        """Server-side apply of a few fields as another field manager, without force: a value someone changed
+        meanwhile is a Conflict (the pass retries on what the watch brings), never overwritten."""
+        return self._request(
+            "PATCH",
+            _child_path(obj),
+            body=obj,
+            content_type="application/apply-patch+yaml",
+            query=[("fieldManager", manager)],
+        )
+
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         """POST a new child (AlreadyExists if it exists): for children that must never be changed once made."""
         path = _child_path(obj).rsplit("/", 1)[0]

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from duplex import metrics, status
+from duplex import metrics, replicas, status
 from duplex.apierrors import ApiError
 from duplex.children.engine_key import secret_name, with_fresh_key
 from duplex.children.kinds import CHILD_KINDS, SECRET
@@ -68,8 +68,14 @@ def _reconcile(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Mapping
     for pod in result.annotate:  # before the Deployment whose scale-in reads them
         kube.annotate_pod(pod)
         metrics.WRITES.labels("annotate", "Pod").inc()
+    handovers = {key(h.deployment): h for h in result.handover}
     for obj in result.apply:
+        handover = handovers.get(key(obj))
+        if handover and handover.before_apply:  # before the apply that drops the operator's claim on replicas
+            _hand_over(kube, handover.deployment)
         current[key(obj)] = kube.apply(obj)
+        if handover and not handover.before_apply:  # the Deployment was just created with no replicas of its own
+            current[key(obj)] = _hand_over(kube, handover.deployment)
         metrics.WRITES.labels("apply", obj["kind"]).inc()
         out.applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
     for obj in result.delete:
@@ -91,6 +97,11 @@ def _reconcile(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Mapping
         kube.post_event(dict(parent), event.type, event.reason, event.message)
     metrics.RECONCILES.labels("invalid" if result.invalid is not None else "ok").inc()
     return out
+
+
+def _hand_over(kube: Kube, deployment: dict[str, Any]) -> dict[str, Any]:
+    metrics.WRITES.labels("handover", deployment["kind"]).inc()
+    return kube.hand_over(deployment, replicas.HANDOVER)
 
 
 class ForeignSecret(ApiError):

@@ -1,10 +1,11 @@
 """Scale-in removes the cheapest decode pod: the one the fewest conversations are bound to.
 
 The routers count their live bindings per decode engine and put them in their fabric reports (every 30 s, with the
-heartbeat: no write per request). When a pass lowers the decode Deployment's replicas, it first sets
+heartbeat: no write per request). When a pass lowers the decode Deployment's replicas it first sets
 `controller.kubernetes.io/pod-deletion-cost` on every decode pod to its bindings, so that the ReplicaSet deletes the
-pods holding the fewest first (a pod going away still drains what it holds, children/lifecycle.py). Pure: the pass's
-inputs -> the pods' annotation patches.
+pods holding the fewest first (a pod going away still drains what it holds, children/lifecycle.py). With scaling.mode
+External an autoscaler lowers them unseen, so every pass keeps the costs current. Pure: the pass's inputs -> the
+pods' annotation patches.
 """
 
 from __future__ import annotations
@@ -38,15 +39,13 @@ def _address(pod: Mapping[str, Any]) -> str | None:
 
 def deletion_costs(
     serving: str,
-    desired_replicas: int,
-    live: Mapping[str, Any] | None,
+    scaling_in: bool,
     pods: Sequence[Mapping[str, Any]],
     reports: Sequence[tuple[str, Mapping[str, Any]]],
 ) -> list[dict[str, Any]]:
-    """Annotation patches (minimal Pod objects) for the decode pods when this pass scales decode in; [] otherwise,
-    and for pods whose cost is already what it should be."""
-    live_replicas = ((live or {}).get("spec") or {}).get("replicas")
-    if not isinstance(live_replicas, int) or desired_replicas >= live_replicas:
+    """Annotation patches (minimal Pod objects) for the decode pods when decode may be scaled in (this pass lowers
+    its replicas, or another writer owns them); [] otherwise, and for pods whose cost is already what it should be."""
+    if not scaling_in:
         return []
     counts = bindings(reports)
     patches = []

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from duplex import replicas
 from duplex.api.status import Condition, DisaggregatedServingStatus, RecomputeCalibration, RoleStatus
 from duplex.children.engine import engine_config_hash
 from duplex.children.kv_config import effective
@@ -208,7 +209,8 @@ def compute(
     spec, gen = serving.spec, serving.generation
     at = at or now()
     condition = _Conditions(previous, gen, at)
-    desired = {"prefill": spec.prefill.replicas, "decode": spec.decode.replicas, "router": spec.router.replicas}
+    desired = {r: replicas.desired(serving, r, deployments.get(r)) for r in replicas.ROLES}
+    desired["router"] = spec.router.replicas
     roles = {w: role_status(desired[w], deployments.get(w)) for w in WORKLOADS}
     role_conditions = []
     for w in WORKLOADS:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from duplex import auto_threshold, kv_change, scale_in
+from duplex import auto_threshold, kv_change, replicas, scale_in
 from duplex import status as status_of
 from duplex.api.status import DisaggregatedServingStatus, EngineChange
 from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, POD, SECRET, apply_rank, kind_of
@@ -42,6 +42,8 @@ class SyncResult:
     delete: list[dict[str, Any]] = field(default_factory=list)  # observed children, in delete order
     # Pods' annotation patches, written before `apply`: on a decode scale-in, the deletion cost of each decode pod.
     annotate: list[dict[str, Any]] = field(default_factory=list)
+    # `replicas` of the Deployments of External roles, handed over to another field manager (duplex.replicas).
+    handover: list[replicas.Handover] = field(default_factory=list)
     # Missing children to create once and never change (the engine key Secret, without its key: the shell adds it).
     create: list[dict[str, Any]] = field(default_factory=list)
     status: DisaggregatedServingStatus = field(default_factory=DisaggregatedServingStatus)
@@ -99,9 +101,15 @@ def sync(
     live = _deployments(serving, observed)
     new = status_of.compute(serving, live, last, at, pods, fabric, threshold, auto.calibration if auto else None)
     change = _engine_change(serving, live, to_apply)
-    # A scale-in of decode: the pods the fewest conversations are bound to go first (scale_in.py).
+    # A scale-in of decode: the pods the fewest conversations are bound to go first (scale_in.py). In External mode
+    # the operator cannot see a scale-in coming: the costs are kept current.
     reports = status_of.fresh_reports(fabric, at)
-    annotate = scale_in.deletion_costs(serving.name, serving.spec.decode.replicas, live.get("decode"), pods, reports)
+    live_decode = ((live.get("decode") or {}).get("spec") or {}).get("replicas")
+    lowered = isinstance(live_decode, int) and serving.spec.decode.replicas < live_decode
+    scaling_in = replicas.external(serving, "decode") or lowered
+    annotate = scale_in.deletion_costs(serving.name, scaling_in, pods, reports)
+    names = status_of.deployment_names(serving)
+    handover = replicas.handovers(serving, names, live, to_apply)
     if change is not None:
         new.engine_change = EngineChange(
             kv=change.verdict,
@@ -114,6 +122,12 @@ def sync(
     # 5. Events: what changed (and what a roll of engine pods does to their KV), new config warnings, and whether
     # Ready flipped.
     events = _applied_event(to_create + to_apply, to_delete)
+    for role, theirs, ours in replicas.overwritten(serving, live, to_apply):
+        message = (
+            f"{names[role]} was scaled to {theirs} by another writer; spec.{role}.scaling.mode is Fixed, so it goes "
+            f"back to {ours}. Set the mode to External to let an autoscaler own the replicas."
+        )
+        events.append(Event("Warning", "ReplicasOverwritten", message))
     if change is not None:
         reason = f"EngineChangeKV{change.verdict}"
         events.append(Event("Normal" if change.verdict == "Compatible" else "Warning", reason, change.message()))
@@ -123,6 +137,7 @@ def sync(
         apply=to_apply,
         delete=to_delete,
         annotate=annotate,
+        handover=handover,
         create=to_create,
         status=new,
         write_status=write,

@@ -199,10 +199,29 @@ class RolloutSpec(Model):
     )
 
 
+class ScalingSpec(Model):
+    """Who writes the role's replicas: exactly one writer, so that no two controllers undo each other."""
+
+    mode: Literal["Fixed", "External"] = Field(
+        "Fixed",
+        description="Fixed: the operator keeps the role's Deployment at `replicas` and sets it back if anyone else "
+        "changes it (an Event says so). External: something else (a HorizontalPodAutoscaler, a KEDA ScaledObject, "
+        "kubectl scale) owns the Deployment's replicas through its scale subresource; the operator creates the "
+        "Deployment with `replicas`, then never writes them, and hands its ownership of the field over without "
+        "changing the value, so that switching modes scales nothing.",
+    )
+
+
 class RoleSpec(Model):
     """One engine role (prefill or decode)."""
 
-    replicas: int = Field(1, ge=0, le=1000, description="Engine pods of this role.")
+    replicas: int = Field(
+        1,
+        ge=0,
+        le=1000,
+        description="Engine pods of this role. With scaling.mode External: the size the role starts at.",
+    )
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec, description="Who writes this role's replicas.")
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="vLLM --tensor-parallel-size.")
     accelerator: Accelerator = Field(default_factory=Accelerator, description="Accelerator resource per pod.")
     cpu: Quantity | None = Field(None, description="CPU request and limit per pod.")

@@ -154,10 +154,12 @@ def engine_deployment(
     meta_labels = labels(serving, role.name)
     # No version label on pods: upgrading the operator alone must not roll GPU engines.
     pod_labels = {k: v for k, v in meta_labels.items() if k != "app.kubernetes.io/version"}
+    # scaling.mode External: another controller writes replicas (the operator hands them over, duplex.replicas).
+    replicas = {"replicas": role.spec.replicas} if role.spec.scaling.mode == "Fixed" else {}
     return DEPLOYMENT.manifest(
         {"name": child_name(serving, role.name), "namespace": namespace, "labels": meta_labels},
         spec={
-            "replicas": role.spec.replicas,
+            **replicas,
             "selector": {"matchLabels": selector(serving, role.name)},
             "progressDeadlineSeconds": role.spec.rollout.progress_deadline_seconds,
             "strategy": {

@@ -31,6 +31,7 @@ FULL: dict[str, Any] = {
     },
     "prefill": {
         "replicas": 2,
+        "scaling": {"mode": "External"},
         "tensorParallelSize": 4,
         "accelerator": {"type": "aws.amazon.com/neuron", "count": 4},
         "cpu": "32",
@@ -58,6 +59,7 @@ FULL: dict[str, Any] = {
     },
     "decode": {
         "replicas": 3,
+        "scaling": {"mode": "External"},
         "tensorParallelSize": 8,
         "accelerator": {"type": "aws.amazon.com/neuron", "count": 8},
         "cpu": "64",
@@ -186,6 +188,7 @@ DEFAULTS: dict[str, Any] = {
     **{
         role: {
             "replicas": 1,
+            "scaling": {"mode": "Fixed"},
             "tensorParallelSize": 1,
             "accelerator": {"type": "nvidia.com/gpu", "count": None, "kvCacheGiB": None},
             "cpu": None,

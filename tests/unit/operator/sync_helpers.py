@@ -55,7 +55,7 @@ def observed(of: dict[str, Any], ready: bool = True) -> Objects:
         live = copy.deepcopy(with_owner(child, of))
         live["metadata"].update(uid=f"uid-{live['metadata']['name']}-{live['kind']}", resourceVersion="7")
         if live["kind"] == "Deployment":
-            n = live["spec"]["replicas"]
+            n = live["spec"].setdefault("replicas", 1)  # scaling.mode External: as its writer left it
             live["metadata"]["generation"] = 1
             live["status"] = {
                 "observedGeneration": 1,
@@ -133,6 +133,10 @@ class RecordingKube:
 
     def annotate_pod(self, pod: dict[str, Any]) -> None:
         self.calls.append(("annotate", *refs([pod])))
+
+    def hand_over(self, obj: dict[str, Any], manager: str) -> dict[str, Any]:
+        self.calls.append((f"hand_over:{manager}", *refs([obj])))
+        return copy.deepcopy(obj)
 
     def get(self, obj: dict[str, Any]) -> dict[str, Any] | None:
         self.calls.append(("get", *refs([obj])))

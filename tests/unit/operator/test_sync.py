@@ -93,7 +93,7 @@ CASES = [
         P, edit(LIVE, "Deployment/demo-decode", lambda d: d["spec"].update(replicas=3)), READY,
         apply=["Deployment/demo-decode"], delete=[], write_status=False,
         conditions={"Ready": ("True", "AllComponentsReady")},
-        events=[("Normal", "Applied")],
+        events=[("Normal", "Applied"), ("Warning", "ReplicasOverwritten")],
     ),
     Case(
         "a deleted child is recreated",

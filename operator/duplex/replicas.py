@@ -1,0 +1,84 @@
+"""One writer of each engine role's replicas (spec.<role>.scaling.mode).
+
+Fixed: the operator's apply carries `replicas` and wins; a value someone else wrote is set back, with an Event.
+External: the operator's apply leaves `replicas` out, so an HPA, KEDA or `kubectl scale` owns it through the
+Deployment's scale subresource. Server-side apply deletes a field its only manager stops applying, which would reset
+the Deployment to 1 replica, so before the first apply without it the field is applied at its live value by a
+second field manager (HANDOVER); the operator's own claim then goes and the value stays. Pure: observed objects in,
+handovers, desired sizes and Events out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from duplex.children.kinds import DEPLOYMENT
+from duplex.converge import APPLIED_HASH, key
+from duplex.render import Serving
+
+HANDOVER = "duplex-replicas-handover"
+ROLES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class Handover:
+    """`replicas` applied by the HANDOVER field manager: before the operator's apply when the Deployment exists (its
+    live value, kept), after it when the apply creates it (the spec's starting size)."""
+
+    deployment: dict[str, Any]
+    before_apply: bool
+
+
+def external(serving: Serving, role: str) -> bool:
+    return bool(getattr(serving.spec, role).scaling.mode == "External")
+
+
+def desired(serving: Serving, role: str, live: Mapping[str, Any] | None) -> int:
+    """The role's size as its writer wants it: the spec's, or in External mode the live Deployment's."""
+    spec_replicas = int(getattr(serving.spec, role).replicas)
+    if external(serving, role) and live is not None:
+        return int((live.get("spec") or {}).get("replicas", spec_replicas))
+    return spec_replicas
+
+
+def handovers(
+    serving: Serving,
+    names: Mapping[str, str],
+    live: Mapping[str, Mapping[str, Any] | None],
+    to_apply: list[dict[str, Any]],
+) -> list[Handover]:
+    """One per External role whose Deployment this pass applies."""
+    applied = {key(o) for o in to_apply}
+    out = []
+    for role in ROLES:
+        ref = (DEPLOYMENT.api_version, DEPLOYMENT.kind, names[role])
+        if not external(serving, role) or ref not in applied:
+            continue
+        current = live.get(role)
+        meta = {"name": names[role], "namespace": serving.namespace}
+        body = DEPLOYMENT.manifest(meta, spec={"replicas": desired(serving, role, current)})
+        out.append(Handover(body, before_apply=current is not None))
+    return out
+
+
+def overwritten(
+    serving: Serving, live: Mapping[str, Mapping[str, Any] | None], to_apply: list[dict[str, Any]]
+) -> list[tuple[str, int, int]]:
+    """(role, live, spec) for each Fixed role whose Deployment holds exactly what the operator last applied but for
+    replicas: another writer changed them, and this pass sets them back."""
+    applied = {o["metadata"]["name"]: o for o in to_apply if o.get("kind") == DEPLOYMENT.kind}
+    out = []
+    for role in ROLES:
+        current = live.get(role)
+        if external(serving, role) or current is None:
+            continue
+        mine = applied.get(current["metadata"]["name"])
+        stamped = (current["metadata"].get("annotations") or {}).get(APPLIED_HASH)
+        if mine is None or stamped != (mine["metadata"].get("annotations") or {}).get(APPLIED_HASH):
+            continue
+        replicas = (current.get("spec") or {}).get("replicas")
+        if isinstance(replicas, int) and replicas != mine["spec"]["replicas"]:
+            out.append((role, replicas, mine["spec"]["replicas"]))
+    return out
