@@ -50,12 +50,32 @@ def main(argv: list[str]) -> int:
         metavar="PREFIX",
         help="servings' images must start with one of these (repeatable), e.g. a registry; none given: any image",
     )
+    parser.add_argument(
+        "--allow-secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="the only Secrets of their namespace servings may read (repeatable); none given: any",
+    )
+    parser.add_argument(
+        "--allow-toleration",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="a taint key servings' engines may tolerate (repeatable; * for any); none: no extra toleration",
+    )
     parser.add_argument("--verbose", "-v", action="store_true")
     args = parser.parse_args(argv)
     for prefix in args.allow_host_path:
         if not prefix.startswith("/") or Policy(host_path_prefixes=(prefix,)).allows_host_path(prefix) is False:
             parser.error(f"--allow-host-path {prefix!r}: an absolute, plain directory path is needed")
-    policy = Policy(args.allow_privileged_efa, tuple(args.allow_host_path), tuple(args.allow_image))
+    policy = Policy(
+        args.allow_privileged_efa,
+        tuple(args.allow_host_path),
+        tuple(args.allow_image),
+        tuple(args.allow_secret),
+        tuple(args.allow_toleration),
+    )
     os.environ[POLICY_ENV] = policy.to_env()
 
     logging.basicConfig(

@@ -57,6 +57,8 @@ VARIANTS = {
             "allowPrivilegedEFA": True,
             "allowedHostPathPrefixes": ["/mnt/raid0", "/data"],
             "allowedImagePrefixes": ["123456789012.dkr.ecr.us-west-2.amazonaws.com/", "ghcr.io/duplex-dev/"],
+            "allowedSecrets": ["hf-token", "redis-url"],
+            "allowedTolerationKeys": ["dedicated", "*"],
         },
         "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/duplex"}},
         "podLabels": {"team": "ml-platform"},
@@ -269,6 +271,8 @@ def test_operator_args_run_the_real_cli(variant: str, tmp_path: Path, monkeypatc
         policy.get("allowPrivilegedEFA", False),
         tuple(policy.get("allowedHostPathPrefixes", ())),
         tuple(policy.get("allowedImagePrefixes", ())),
+        tuple(policy.get("allowedSecrets", ())),
+        tuple(policy.get("allowedTolerationKeys", ())),
     )
     assert os.environ.get("DUPLEX_WORKERS") == (str(values["operator"]["workers"]) if "operator" in values else None)
     watched = values.get("watchNamespaces", [])

@@ -99,6 +99,14 @@ cluster-wide on workloads. Picked from the one list by resource, never retyped. 
 - --allow-image
 - {{ . | quote }}
 {{- end }}
+{{- range .Values.policy.allowedSecrets }}
+- --allow-secret
+- {{ . | quote }}
+{{- end }}
+{{- range .Values.policy.allowedTolerationKeys }}
+- --allow-toleration
+- {{ . | quote }}
+{{- end }}
 {{- if .Values.operator.verbose }}
 - --verbose
 {{- end }}

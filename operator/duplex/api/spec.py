@@ -234,7 +234,9 @@ class RoleSpec(Model):
         default_factory=dict, description="Extra node labels the pods require (e.g. instance type)."
     )
     tolerations: Annotated[list[K8sObject], Field(max_length=32)] = Field(
-        default_factory=list, description="Extra tolerations (the accelerator taint is tolerated automatically)."
+        default_factory=list,
+        description="Extra tolerations (the accelerator taint is tolerated automatically); only of the taint keys the "
+        "operator's policy allows (chart value policy.allowedTolerationKeys).",
     )
     affinity: K8sObject | None = Field(None, description="Kubernetes affinity, merged with EFA co-placement.")
     topology_spread_constraints: Annotated[list[K8sObject], Field(max_length=16)] = Field(

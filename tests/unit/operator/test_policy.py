@@ -80,3 +80,49 @@ def test_the_operator_refuses_a_host_path_prefix_that_is_not_a_plain_absolute_pa
     for prefix in ("relative/dir", "/mnt/../etc"):
         with pytest.raises(SystemExit):
             operator_cli.main(["--allow-host-path", prefix])
+
+
+SECRETS = {
+    "model": {
+        "hfTokenSecret": {"name": "hf-token", "key": "token"},
+        "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "db-password", "key": "p"}}}],
+    },
+    "decode": {"env": [{"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]},
+    "router": {
+        "replicas": 2,
+        "clientKeysSecret": "client-keys",
+        "store": {"type": "redis", "redis": {"urlSecret": {"name": "redis-url", "key": "url"}}},
+    },
+}
+
+
+def test_secrets_a_serving_reads_are_any_by_default_and_only_the_allowed_ones_when_listed() -> None:
+    assert Policy().violations(spec(SECRETS)) == []
+    listed = Policy(secret_names=("hf-token", "redis-url", "client-keys"))
+    (refused,) = listed.violations(spec(SECRETS))
+    assert refused.startswith("spec.model.env[0].valueFrom.secretKeyRef: Secret db-password is not one")
+    assert "--allow-secret" in refused and "policy.allowedSecrets" in refused
+    narrow = Policy(secret_names=("db-password",)).violations(spec(SECRETS))
+    assert [v.split(":")[0] for v in narrow] == [
+        "spec.model.hfTokenSecret",
+        "spec.router.store.redis.urlSecret",
+        "spec.router.clientKeysSecret",
+    ]
+
+
+def tolerating(*tolerations: dict[str, Any]) -> Any:
+    return spec({"prefill": {"tolerations": list(tolerations)}})
+
+
+def test_tolerations_are_refused_unless_their_taint_key_is_allowed() -> None:
+    dedicated = {"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}
+    everything = {"operator": "Exists"}
+    (refused,) = Policy().violations(tolerating(dedicated))
+    assert (
+        refused.startswith("spec.prefill.tolerations[0]: taint key dedicated is not one") and "allowed: none" in refused
+    )
+    assert Policy().violations(spec()) == []  # the accelerator taints duplex tolerates itself are not the user's
+    assert Policy(toleration_keys=("dedicated",)).violations(tolerating(dedicated)) == []
+    (keyless,) = Policy(toleration_keys=("dedicated",)).violations(tolerating(dedicated, everything))
+    assert keyless.startswith("spec.prefill.tolerations[1]: a toleration without a key (every taint)")
+    assert Policy(toleration_keys=("*",)).violations(tolerating(dedicated, everything)) == []
