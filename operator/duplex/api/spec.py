@@ -498,6 +498,13 @@ class RouterLimitsSpec(Model):
     """What one client can make a router hold. Each refusal is counted in duplex_router_rejected_requests_total."""
 
     max_connections: int = Field(4096, ge=1, le=1_000_000, description="Open client connections (one more: 503).")
+    max_connections_per_source: int = Field(
+        1024,
+        ge=1,
+        le=1_000_000,
+        description="Open client connections from one address (one more: 503), so that one client leaves room for "
+        "the rest. Behind a gateway whose few pods carry every client, raise it to maxConnections.",
+    )
     max_inflight_requests: int = Field(
         512, ge=1, le=100_000, description="Completions served at once (one more: 503 with Retry-After)."
     )

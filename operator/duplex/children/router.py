@@ -90,6 +90,7 @@ def router_config(
         max_body_bytes=spec.router.max_body_bytes,
         client_limits=ClientLimitsConfig(
             max_connections=limits.max_connections,
+            max_connections_per_source=limits.max_connections_per_source,
             max_inflight_requests=limits.max_inflight_requests,
             head_timeout_seconds=float(limits.head_timeout),
             body_timeout_seconds=float(limits.body_timeout),

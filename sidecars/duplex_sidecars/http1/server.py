@@ -201,8 +201,9 @@ class Request:
 class Limits:
     """What the server enforces, so that no client can make it hold more than this: `max_body` (read per request: it
     can change on reload), an idle timeout per connection, deadlines for a request's head and for its body (from their
-    first byte, however slowly the rest trickles in), a cap on a head's header fields, caps on open connections and
-    on requests in handlers (only those `limited` says count; probes and metrics stay answerable), and a deadline for
+    first byte, however slowly the rest trickles in), a cap on a head's header fields, caps on open connections (in all
+    and from one client address: a gateway's pods or the kubelet's probes keep room beside a client that opens as
+    many as it can) and on requests in handlers (only those `limited` says count; probes and metrics stay answerable), and a deadline for
     a client that stops reading: a connection whose write buffer stays over its high-water mark for
     `write_stall_seconds` without the client reading any of it is cut, and its handler's next write or drain raises
     ClientGone. `max_held_bodies` bounds the request bodies held at once across every connection (being read, queued
@@ -210,8 +211,8 @@ class Limits:
     body as it arrives): one more is answered 503 with Retry-After. `admit` sees each request's head as soon as it is
     complete, before its body is reserved or read: a (status, body) it returns is the answer (the body is read and
     dropped, then the connection closes), so that a request the application would refuse anyway (no valid key) holds
-    nothing. Each refusal is reported to `on_reject` with its reason: connections, inflight, bodies, head_timeout,
-    body_timeout, write_timeout (`admit` counts its own)."""
+    nothing. Each refusal is reported to `on_reject` with its reason: connections, source_connections, inflight, bodies,
+    head_timeout, body_timeout, write_timeout (`admit` counts its own)."""
 
     def __init__(
         self,
@@ -221,6 +222,7 @@ class Limits:
         head_seconds: float = 10.0,
         body_seconds: float = 60.0,
         max_connections: int = 4096,
+        max_connections_per_source: int = 4096,
         max_inflight: int = 512,
         max_header_fields: int = 100,
         write_stall_seconds: float = 60.0,
@@ -234,6 +236,7 @@ class Limits:
         self.head_seconds = head_seconds
         self.body_seconds = body_seconds
         self.max_connections = max_connections
+        self.max_connections_per_source = max_connections_per_source
         self.max_inflight = max_inflight
         self.max_header_fields = max_header_fields
         self.write_stall_seconds = write_stall_seconds
@@ -278,19 +281,29 @@ class _Connection(asyncio.Protocol):
         self._idle: asyncio.TimerHandle | None = None
         self._active = 0.0  # loop time of the last data from the client
         self._deadline: asyncio.TimerHandle | None = None  # for the head or the body being read
+        self._source: str | None = None  # the client's address, once the connection is counted against it
 
     # ---- transport events ----------------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         stream = self.transport = cast(asyncio.Transport, transport)  # what create_server gives a stream protocol
         limits = self._server.limits
+        peer = stream.get_extra_info("peername")
+        source = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        refusal = None
         if len(self._server._conns) >= limits.max_connections:
-            limits.on_reject("connections")
+            refusal = "connections"
+        elif self._server.sources[source] >= limits.max_connections_per_source:
+            refusal = "source_connections"
+        if refusal is not None:
+            limits.on_reject(refusal)
             self._last = True
             self.closed = True
             stream.write(self._server.error_bytes(503, "Too many open connections.", retry_after=True))
             stream.close()
             return
+        self._source = source
+        self._server.sources[source] += 1
         sock = stream.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:
@@ -305,6 +318,9 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._server._conns.discard(self)
+        if self._source is not None:
+            self._server.release_source(self._source)
+            self._source = None
         self._clear_deadline()
         if self._idle is not None:
             self._idle.cancel()
@@ -687,10 +703,16 @@ class FrontServer:
         self.error_body = error_body  # (status, message) -> the body of an error the server answers itself
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conns: set[_Connection] = set()
+        self.sources: collections.Counter[str] = collections.Counter()  # open connections per client address
         self._inflight = 0  # requests in handlers that `limits.limited` counts
         self.held_bodies = 0  # bytes of request bodies reserved (limits.max_held_bodies)
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.base_events.Server | None = None
+
+    def release_source(self, source: str) -> None:
+        self.sources[source] -= 1
+        if self.sources[source] <= 0:
+            del self.sources[source]
 
     def error_bytes(self, status: int, message: str, retry_after: bool = False) -> bytes:
         """A whole error response, with Connection: close."""

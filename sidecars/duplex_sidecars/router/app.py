@@ -127,6 +127,7 @@ class Router:
         """The client limits of the config, applied to the HTTP server (on start and on every reload)."""
         cfg = self.config.client_limits
         self.limits.max_connections = cfg.max_connections
+        self.limits.max_connections_per_source = cfg.max_connections_per_source
         self.limits.max_inflight = cfg.max_inflight_requests
         self.limits.head_seconds = cfg.head_timeout_seconds
         self.limits.body_seconds = cfg.body_timeout_seconds

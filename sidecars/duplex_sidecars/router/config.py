@@ -133,6 +133,13 @@ class ClientLimitsConfig(_Strict):
     """What a client can make the router hold: connections, requests in flight, and time (bodies: max_body_bytes)."""
 
     max_connections: int = Field(4096, ge=1, description="Open client connections; one more is answered 503.")
+    max_connections_per_source: int = Field(
+        1024,
+        ge=1,
+        description="Open client connections from one address; one more is answered 503. Below max_connections, so "
+        "that one client (a runaway agent pool, a scanner) leaves room for the others; behind a gateway whose few "
+        "pods carry every client, raise it to max_connections.",
+    )
     max_inflight_requests: int = Field(
         512,
         ge=1,

@@ -166,7 +166,16 @@ class RouterMetrics:
                 registry=r,
             )
         )
-        reasons = ("connections", "inflight", "bodies", "head_timeout", "body_timeout", "unauthorized", "write_timeout")
+        reasons = (
+            "connections",
+            "source_connections",
+            "inflight",
+            "bodies",
+            "head_timeout",
+            "body_timeout",
+            "unauthorized",
+            "write_timeout",
+        )
         for reason in reasons:
             self.rejected.labels(reason)
         self.kv_transfer_healthy = Gauge(

@@ -75,6 +75,7 @@ UVICORN_DIFFERS = {
     "test_bodies_held_across_connections_are_bounded": "no bound on the request bodies held at once",
     "test_a_chunked_body_is_counted_as_it_comes": "no bound on the request bodies held at once",
     "test_a_head_the_application_refuses_is_answered_before_its_body": "no hook at the end of a head",
+    "test_one_client_address_cannot_take_every_connection": "no cap on the connections of one client address",
 }
 
 
@@ -119,9 +120,10 @@ class Client:
         self.writer = writer
 
     @classmethod
-    async def open(cls, port: int, rcvbuf: int | None = None) -> Client:
+    async def open(cls, port: int, rcvbuf: int | None = None, source: str | None = None) -> Client:
         if rcvbuf is None:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            local = (source, 0) if source else None
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=local)
         else:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)  # before connect: the window stays small
@@ -191,8 +193,8 @@ class Client:
 async def connect() -> AsyncIterator[Callable[..., Awaitable[Client]]]:
     clients: list[Client] = []
 
-    async def open_(server: FrontServer, rcvbuf: int | None = None) -> Client:
-        client = await Client.open(server.port, rcvbuf)
+    async def open_(server: FrontServer, rcvbuf: int | None = None, source: str | None = None) -> Client:
+        client = await Client.open(server.port, rcvbuf, source)
         clients.append(client)
         return client
 
@@ -1302,6 +1304,25 @@ async def test_a_slow_but_timely_request_is_served(make_server, connect):
     client = await connect(server)
     await trickle(client, get("/slow"), 0.0)
     assert (await client.reply()).status == 200
+
+
+async def test_one_client_address_cannot_take_every_connection(make_server, connect):
+    rejected = Rejections()
+    server = await make_server(echo, max_connections=8, max_connections_per_source=2, on_reject=rejected)
+    greedy = [await connect(server), await connect(server)]
+    third = await connect(server)
+    reply = await third.reply()
+    assert reply.status == 503 and reply.header("Retry-After") == "1" and await third.closed()
+    assert rejected == ["source_connections"]
+    other = await connect(server, source="127.0.0.2")  # another client still gets in
+    await other.send(get("/a"))
+    assert (await other.reply()).status == 200
+    greedy[0].close()
+    await until(lambda: server.sources.get("127.0.0.1") == 1)
+    again = await connect(server)  # a freed slot of that address is usable again
+    await again.send(get("/b"))
+    assert (await again.reply()).status == 200
+    assert rejected == ["source_connections"]
 
 
 async def test_the_connection_cap_answers_503_and_keeps_serving_the_others(make_server, connect):

@@ -134,6 +134,7 @@ FULL: dict[str, Any] = {
         "maxBodyBytes": 2048,
         "limits": {
             "maxConnections": 100,
+            "maxConnectionsPerSource": 50,
             "maxInflightRequests": 10,
             "headTimeout": 5,
             "bodyTimeout": 30,
@@ -263,6 +264,7 @@ DEFAULTS: dict[str, Any] = {
         "maxBodyBytes": 8 * 1024 * 1024,
         "limits": {
             "maxConnections": 4096,
+            "maxConnectionsPerSource": 1024,
             "maxInflightRequests": 512,
             "headTimeout": 10,
             "bodyTimeout": 60,
