@@ -579,6 +579,20 @@ def _router_memory_ok(r: RouterSpec) -> bool:
     return quantity(r.memory) >= quantity("256Mi")
 
 
+class GatewaySpec(Model):
+    """Gateways in front of the router that authenticate their own users: each holds a client key, and names the
+    user of each request in a header; that user is the conversation's tenant, within the gateway's key."""
+
+    keys: Annotated[list[Name], Field(min_length=1, max_length=16)] = Field(
+        description="Names of the keys in router.clientKeysSecret that belong to gateways."
+    )
+    tenant_header: Annotated[str, Field(pattern=r"^[A-Za-z0-9-]+$", max_length=128)] = Field(
+        "X-Duplex-Tenant",
+        description="The header a gateway names its user in (at most 256 characters); a gateway request without it "
+        "is refused (400). Other clients' copies of it are ignored.",
+    )
+
+
 class RouterSpec(Model):
     RULES = (
         Rule(
@@ -590,6 +604,11 @@ class RouterSpec(Model):
             cel="self.replicas <= 1 || self.store.type == 'redis'",
             message="router.replicas above 1 needs router.store.type redis, so that replicas share conversation state",
             holds=lambda r: r.replicas <= 1 or r.store.type == "redis",
+        ),
+        Rule(
+            cel="!has(self.gateway) || has(self.clientKeysSecret)",
+            message="router.gateway needs router.clientKeysSecret: a gateway is known by its client key",
+            holds=lambda r: r.gateway is None or r.client_keys_secret is not None,
         ),
     )
 
@@ -629,6 +648,9 @@ class RouterSpec(Model):
         "Bearer, or x-api-key), checked as soon as a request's head is in, and a conversation's tenant is its key's "
         "name. Keys added, removed or rotated in the Secret apply without a restart. Unset: clients are not "
         "authenticated, and those without Authorization share one anonymous tenant.",
+    )
+    gateway: GatewaySpec | None = Field(
+        None, description="Trusted gateways among the client keys (unset: every key is a tenant of its own)."
     )
     canary: CanarySpec = Field(default_factory=CanarySpec, description="Verified disaggregation after each rollout.")
 

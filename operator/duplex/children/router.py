@@ -19,6 +19,7 @@ from duplex_sidecars.router.config import (
     EndpointSliceDiscovery,
     FabricConfig,
     FabricReportConfig,
+    GatewayConfig,
     ReuseConfig,
     RouterConfig,
     StoreConfig,
@@ -115,6 +116,11 @@ def router_config(
         ),
         engine_api_key_env=engine_key.ROUTER_ENV,
         client_keys_dir=CLIENT_KEYS_DIR if spec.router.client_keys_secret else None,
+        gateway=(
+            GatewayConfig(keys=list(gateway.keys), tenant_header=gateway.tenant_header)
+            if (gateway := spec.router.gateway)
+            else None
+        ),
     )
 
 

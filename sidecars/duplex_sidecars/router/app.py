@@ -343,7 +343,8 @@ async def _completions(router: Router, request: Request) -> None:
     try:
         client = authenticated(router, request)
         raw = body_of(request, now.config.max_body_bytes)
-        turn = parse_turn(request, raw, now.config.conversation, now.config.served_model_names, client)
+        config = now.config
+        turn = parse_turn(request, raw, config.conversation, config.served_model_names, client, config.gateway)
         status = await pipeline.handle(now.deps, request, turn)
     except RouterError as exc:
         status = exc.status

@@ -276,6 +276,18 @@ class HealthCheckConfig(_Strict):
     )
 
 
+class GatewayConfig(_Strict):
+    """Trusted gateways: a request authenticated with one of `keys` (client keys held by gateways, which authenticate
+    their own users) names its end user in `tenant_header`, and that user is the conversation's tenant (scoped to
+    the gateway's key: two gateways' users never meet). A gateway request without the header is refused (400); the
+    header from any other client is ignored."""
+
+    keys: list[str] = Field(min_length=1, description="Names of the client keys that belong to gateways.")
+    tenant_header: str = Field(
+        "X-Duplex-Tenant", pattern=r"^[A-Za-z0-9-]+$", description="Header in which a gateway names its user."
+    )
+
+
 class RouterConfig(_Strict):
     host: str = "0.0.0.0"
     port: int = Field(8000, ge=1, le=65535)
@@ -310,6 +322,7 @@ class RouterConfig(_Strict):
         "a mounted Secret. When set, completions and /v1/models need a known key (401 otherwise), and a "
         "conversation's tenant is its key's name.",
     )
+    gateway: GatewayConfig | None = Field(None, description="Trusted gateways among the client keys.")
     engine_api_key_env: str | None = Field(
         None, description="Environment variable whose value is sent to the engines as a Bearer token."
     )
@@ -321,3 +334,9 @@ class RouterConfig(_Strict):
         description="On SIGTERM the router stops listening and lets requests and streams in flight finish for up "
         "to this long before it closes their connections.",
     )
+
+    @model_validator(mode="after")
+    def _gateway_needs_keys(self) -> RouterConfig:
+        if self.gateway is not None and self.client_keys_dir is None:
+            raise ValueError("gateway needs client_keys_dir: a gateway is known by its client key")
+        return self

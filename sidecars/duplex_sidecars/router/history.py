@@ -103,6 +103,11 @@ def key_tenant(name: str) -> str:
     return _key(b"tenant-key", name)
 
 
+def gateway_tenant(gateway: str, user: str) -> str:
+    """The tenant of a gateway's user: the user the gateway names, within that gateway's key, in a domain of its own."""
+    return _key(b"tenant-gateway", gateway, user)
+
+
 def header_tenant(values: Sequence[str | None]) -> str:
     """The tenant of a request without a client key: a digest of its tenant headers, or the anonymous tenant."""
     if not any(values):

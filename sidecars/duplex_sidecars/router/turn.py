@@ -12,12 +12,13 @@ from duplex_sidecars.protocol import KV_PARAMS_FIELD
 from duplex_sidecars.router import jsonio
 from duplex_sidecars.router.apis import APIS
 from duplex_sidecars.router.apis.api import MODEL_CHECK, Api, check_fields
-from duplex_sidecars.router.config import ConversationConfig
+from duplex_sidecars.router.config import ConversationConfig, GatewayConfig
 from duplex_sidecars.router.errors import BadRequest, ModelNotFound, PayloadTooLarge
 from duplex_sidecars.router.exchange import Exchange
 from duplex_sidecars.router.history import (
     Covered,
     History,
+    gateway_tenant,
     header_tenant,
     history_base,
     history_key,
@@ -27,6 +28,7 @@ from duplex_sidecars.router.history import (
 )
 
 MAX_CONVERSATION_ID_CHARS = 1024
+MAX_GATEWAY_USER_CHARS = 256
 _REQUEST_ID_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
 
 
@@ -93,6 +95,17 @@ def _single_header(request: Exchange, name: str | None) -> str | None:
     return request.header(name)
 
 
+def _gateway_user(request: Exchange, header: str) -> str:
+    user = _single_header(request, header)
+    if not user:
+        raise BadRequest(f"A gateway's request must name its user in the {header} header.", code="missing_tenant")
+    if len(user) > MAX_GATEWAY_USER_CHARS:
+        raise BadRequest(
+            f"The {header} header is longer than {MAX_GATEWAY_USER_CHARS} characters.", code="invalid_value"
+        )
+    return user
+
+
 def conversation_of(request: Exchange, body: dict[str, Any], conversation: ConversationConfig) -> str | None:
     """The conversation id from the body field (taken out of the body) or else the header; None without one."""
     conversation_id = None
@@ -115,9 +128,11 @@ def parse_turn(
     conversation: ConversationConfig,
     served_models: list[str],
     client: str | None = None,
+    gateway: GatewayConfig | None = None,
 ) -> Turn:
     """The turn a client request stands for; BadRequest (400) or ModelNotFound (404) when it cannot be served.
-    `client` is the tenant an API key authenticated, when the router checks keys."""
+    `client` is the name of the API key that authenticated it, when the router checks keys; a key of a `gateway`
+    names the user in the gateway's header."""
     api = APIS[request.path]
     route = api.route
     try:
@@ -132,7 +147,9 @@ def parse_turn(
         raise ModelNotFound(model)
     check_fields(api.checks, body, _bad_request)
     conversation_id = conversation_of(request, body, conversation)
-    if client is not None:
+    if client is not None and gateway is not None and client in gateway.keys:
+        tenant = gateway_tenant(client, _gateway_user(request, gateway.tenant_header))
+    elif client is not None:
         tenant = key_tenant(client)  # the key's tenant, whatever else the headers say
     else:
         credentials = [_single_header(request, name) for name in (conversation.tenant_header, *api.tenant_headers)]

@@ -142,6 +142,7 @@ FULL: dict[str, Any] = {
             "replayPrefillTimeout": 15,
         },
         "clientKeysSecret": "api-keys",
+        "gateway": {"keys": ["envoy"], "tenantHeader": "X-User"},
         "canary": {"enabled": False, "promptWords": 500},
     },
 }
@@ -272,6 +273,7 @@ DEFAULTS: dict[str, Any] = {
             "replayPrefillTimeout": 30,
         },
         "clientKeysSecret": None,
+        "gateway": None,
         "canary": {"enabled": True, "promptWords": None},
     },
 }

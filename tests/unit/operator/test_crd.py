@@ -208,7 +208,7 @@ VIOLATIONS: dict[str, list[dict[str, Any]]] = {
     "RecomputeCalibrationSpec": [{"initial": 8}],
     "RedisSpec": [{}, {"url": "redis://duplex:hunter2@redis:6379/0"}],
     "StoreSpec": [{"type": "redis"}],
-    "RouterSpec": [{"memory": "128Mi"}, {"replicas": 2}],
+    "RouterSpec": [{"memory": "128Mi"}, {"replicas": 2}, {"gateway": {"keys": ["envoy"]}}],
     "ModelSpec": [{"extraArgs": ["--enforce-eager", flags[0], "1"]} for flags, _ in OWNED_FLAGS],
     **{
         cls: [{"extraArgs": ["--enforce-eager", flags[0], "1"]} for flags, _ in (*OWNED_FLAGS, *PAIRED_FLAGS)]

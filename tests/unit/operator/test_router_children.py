@@ -357,3 +357,15 @@ def test_client_keys_come_from_a_secret_mounted_as_a_directory() -> None:
     (ctr,) = pod["containers"]
     # a directory, not subPath: the kubelet swaps rotated keys in, and the router rereads them without a restart
     assert {"name": "client-keys", "mountPath": "/etc/duplex-client-keys", "readOnly": True} in ctr["volumeMounts"]
+
+
+def test_a_gateway_is_rendered_into_the_router_config_and_needs_client_keys() -> None:
+    from duplex.render import InvalidSpec, parse_spec
+
+    assert parsed_config().gateway is None
+    gated = {"router": {"clientKeysSecret": "api-keys", "gateway": {"keys": ["envoy"]}}}
+    gateway = parsed_config(gated).gateway
+    assert gateway is not None and gateway.keys == ["envoy"] and gateway.tenant_header == "X-Duplex-Tenant"
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec({"model": {"name": "m"}, "router": {"gateway": {"keys": ["envoy"]}}})
+    assert "router.gateway needs router.clientKeysSecret" in str(err.value)

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
+
 from duplex_sidecars.router.client_auth import ClientKeys, presented_key
+from duplex_sidecars.router.config import RouterConfig
 
 USER = {"role": "user", "content": "hi"}
 
@@ -87,3 +91,31 @@ def test_a_key_file_that_cannot_be_read_costs_only_its_tenant(tmp_path, monkeypa
     assert keys.tenant_for("key-b") is None  # not read: refused, never stale
     monkeypatch.setattr(Path, "read_bytes", read_bytes)
     assert keys.refresh() and keys.tenant_for("key-b") == "bob"
+
+
+async def test_a_trusted_gateway_names_its_users_and_no_one_else_can(make_rig, tmp_path):
+    keys = keys_dir(tmp_path, envoy="key-gw", ingress="key-gw2", alice="key-a")
+    rig = await make_rig(client_keys_dir=str(keys), gateway={"keys": ["envoy", "ingress"]})
+    gw = {"Authorization": "Bearer key-gw"}
+    as_user = lambda user, base=gw: {**base, "X-Duplex-Tenant": user}  # noqa: E731
+
+    status, body, _ = await rig.chat([USER], headers=gw)  # a gateway must say whose request it is
+    assert status == 400 and body["error"]["code"] == "missing_tenant"
+    status, body, _ = await rig.chat([USER], headers=as_user("u" * 257))
+    assert status == 400 and body["error"]["code"] == "invalid_value"
+
+    _, _, text = await rig.chat([USER], conv="c1", headers=as_user("user-1"))
+    history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+    for other in (as_user("user-2"), as_user("user-1", {"Authorization": "Bearer key-gw2"})):
+        await rig.chat(history, conv="c1", headers=other)  # another user, or the same name through another gateway
+    # a plain client key cannot claim a gateway's user: its header is ignored and its tenant is its key's
+    await rig.chat(history, conv="c1", headers=as_user("user-1", {"Authorization": "Bearer key-a"}))
+    assert rig.metric("duplex_router_kv_reuse_hits_total") == 0
+    await rig.chat(history, conv="c1", headers=as_user("user-1"))
+    assert rig.metric("duplex_router_kv_reuse_hits_total") == 1
+    assert not [k for s in rig.p.seen + rig.d.seen for k in s.headers if k.lower() == "x-duplex-tenant"]
+
+
+def test_a_gateway_is_known_by_its_client_key():
+    with pytest.raises(ValidationError, match="gateway needs client_keys_dir"):
+        RouterConfig.model_validate({"gateway": {"keys": ["envoy"]}})
