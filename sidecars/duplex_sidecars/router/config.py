@@ -205,6 +205,12 @@ class ReuseConfig(_Strict):
         "calibrated, so that it takes effect without restarting an engine. 0: every entry is replayed and the "
         "engines' kv_recompute_threshold decides.",
     )
+    check_side_channel_host: bool = Field(
+        True,
+        description="Replay only when the stored side channel (remote_host) is the address of the decode engine that "
+        "stored it, when that engine's URL names an IP address (a `side_channel_mismatch` miss otherwise). Turn off "
+        "for static engines whose side channel listens on another interface than their HTTP API.",
+    )
     calibrate: bool = Field(True, description="Fit what a computed and a read token cost from the prefill legs.")
     calibration_window: int = Field(512, ge=32, le=65536, description="Prefill legs the fit looks at, latest first.")
     calibration_min_samples: int = Field(

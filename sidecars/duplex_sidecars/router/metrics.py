@@ -15,6 +15,7 @@ MISS_REASONS: tuple[str, ...] = (
     "scope_mismatch",
     "endpoint_gone",
     "endpoint_unhealthy",
+    "side_channel_mismatch",
     "endpoint_draining",
     "store_error",
     "not_replayable",

@@ -136,7 +136,10 @@ async def lookup(deps: Deps, turn: Turn) -> reuse.Decision:
             if entry is not None:
                 observe_store_bytes(deps)
         decode = deps.engines.decode
-        decision = reuse.decide(turn, entry, decode, deps.config.reuse.min_tokens, decode.unhealthy_urls())
+        cfg = deps.config.reuse
+        decision = reuse.decide(
+            turn, entry, decode, cfg.min_tokens, decode.unhealthy_urls(), cfg.check_side_channel_host
+        )
     if not decision.hit:
         deps.metrics.miss(decision.reason or "no_entry")
     log.debug(

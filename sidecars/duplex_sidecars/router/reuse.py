@@ -8,9 +8,11 @@ With the tenant inside the store key, another tenant's state is simply absent: a
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 from duplex_sidecars import protocol
 from duplex_sidecars.router.history import Reply, reply_not_storable
@@ -24,6 +26,9 @@ REASONING = "reasoning"  # the reply carried reasoning, which the next prompt dr
 BELOW_THRESHOLD = "below_threshold"  # fewer reusable tokens than reuse.min_tokens: recomputing them is cheaper
 ENDPOINT_UNHEALTHY = "endpoint_unhealthy"  # the decode engine holding the blocks is marked unhealthy
 ENDPOINT_DRAINING = "endpoint_draining"  # the previous turn's decode engine was draining: nothing was bound to it
+# The stored side channel (remote_host) is not the address of the decode engine the entry names: replaying it would
+# send prefill's NIXL handshake somewhere else.
+SIDE_CHANNEL_MISMATCH = "side_channel_mismatch"
 
 
 class _StoreFailed:
@@ -69,11 +74,13 @@ def decide(
     decode_endpoints: Container[str],
     min_tokens: int = 0,
     unhealthy: Container[str] = (),
+    check_side_channel: bool = True,
 ) -> Decision:
     """Replay or miss for a turn whose entry was taken from the store (single use: it is gone from the store now).
     Fewer than `min_tokens` reusable tokens are cheaper to recompute (router config reuse.min_tokens). Blocks held by
     a decode engine marked `unhealthy` are not read: prefill would wait out the replay timeout on an engine that
-    failed its probe or its last leg, then recompute anyway."""
+    failed its probe or its last leg, then recompute anyway. With `check_side_channel`, an engine named by its IP
+    address must advertise that address as its side channel (`remote_host`)."""
     early = needs_lookup(turn)
     if early is not None:
         return early
@@ -102,11 +109,26 @@ def decide(
         return _miss("store_error", sticky, prefill)
     assert stored is not None
     params = protocol.replay_params(stored)
+    if check_side_channel and not side_channel_of(entry.decode_url, params.get("remote_host")):
+        return _miss(SIDE_CHANNEL_MISMATCH, None, prefill)
     tokens = params.get("remote_num_tokens")
     tokens = tokens if isinstance(tokens, int) else 0
     if tokens < min_tokens:
         return _miss(BELOW_THRESHOLD, sticky, prefill)
     return Decision(params, None, sticky, tokens, prefill)
+
+
+def side_channel_of(decode_url: str, remote_host: Any) -> bool:
+    """Whether `remote_host` can be the side channel of the engine at `decode_url`: the same IP address when the URL
+    names one (as discovered engines' URLs do); an engine named by host name is not checked (its address is DNS's)."""
+    try:
+        engine = ipaddress.ip_address(urlsplit(decode_url).hostname or "")
+    except ValueError:
+        return True
+    try:
+        return ipaddress.ip_address(str(remote_host)) == engine
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ class FakeEngine:
             "remote_block_ids": [[7, 8, 9]],
             "remote_engine_id": self.name,
             "remote_request_id": request_id,
-            "remote_host": "10.9.8.7",
+            "remote_host": self.server.host if self.server is not None else "127.0.0.1",  # its side channel's
             "remote_port": 5600,
             "tp_size": 1,
             "remote_num_tokens": 42,

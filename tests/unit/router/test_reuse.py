@@ -122,6 +122,30 @@ def test_blocks_on_an_unhealthy_decode_engine_are_not_read():
     assert reuse.decide(turn(FOLLOW_UP), stored_entry(), {D1, D2}, 0, unhealthy={D2}).hit
 
 
+def stored_at(remote_host: Any, url: str = D1) -> Entry:
+    capture = reuse.after_decode(FIRST, url, {**DECODE_PARAMS, "remote_host": remote_host}, ANSWER)
+    assert capture.entry is not None
+    return capture.entry
+
+
+@pytest.mark.parametrize(
+    "url, remote_host, hit",
+    [
+        (D1, "10.0.0.1", True),
+        (D1, "10.0.0.2", False),  # another engine's side channel (a forged or misrouted entry)
+        (D1, "evil.example", False),  # a name where the engine is known by its address
+        ("http://[fd00::1]:8000", "fd00:0::1", True),  # the same IPv6 address, written otherwise
+        ("http://decode-0.decode:8000", "10.0.0.9", True),  # engines named by host name are not checked
+    ],
+)
+def test_a_replay_goes_only_to_the_side_channel_of_the_engine_that_stored_it(url, remote_host, hit):
+    decision = reuse.decide(turn(FOLLOW_UP), stored_at(remote_host, url), {url})
+    assert decision.hit is hit
+    if not hit:
+        assert decision.reason == "side_channel_mismatch" and decision.sticky_decode is None
+    assert reuse.decide(turn(FOLLOW_UP), stored_at(remote_host, url), {url}, check_side_channel=False).hit
+
+
 @pytest.mark.parametrize("min_tokens, hit", [(0, True), (40, True), (41, False)])
 def test_fewer_reusable_tokens_than_the_threshold_are_recomputed(min_tokens, hit):
     decision = reuse.decide(turn(FOLLOW_UP), stored_entry(), {D1}, min_tokens)  # the entry holds 40 tokens

@@ -518,6 +518,7 @@ async def test_record_counts_evictions_and_bytes():
     deps = pipeline.Deps(RouterConfig(), engines, {}, store, None, metrics)  # type: ignore[arg-type]
     first = [{"role": "user", "content": "hi"}]
     reply = {"do_remote_decode": True, "do_remote_prefill": False, **decode_reply(list(range(1, 2049)))}
+    reply["remote_host"] = "10.0.0.1"  # D1's side channel
     answer = Reply(content="hello", finish_reason="length")
     for key in ("a", "b", "c"):
         await pipeline.record(deps, turn(key, first), Engine(D1, DECODE), reply, answer)
