@@ -14,6 +14,7 @@ from duplex.children.kv_config import backend, engine_threshold, kv_transfer_con
 from duplex.children.labels import ADMIN_PORT, HTTP_PORT, child_name, labels, selector
 from duplex_sidecars.router.config import (
     CanaryConfig,
+    CapacityConfig,
     ClientLimitsConfig,
     ConversationConfig,
     EndpointSliceDiscovery,
@@ -116,6 +117,7 @@ def router_config(
         ),
         engine_api_key_env=engine_key.ROUTER_ENV,
         client_keys_dir=CLIENT_KEYS_DIR if spec.router.client_keys_secret else None,
+        capacity=CapacityConfig(prefill_slots=spec.prefill.max_num_seqs, decode_slots=spec.decode.max_num_seqs),
         gateway=(
             GatewayConfig(keys=list(gateway.keys), tenant_header=gateway.tenant_header)
             if (gateway := spec.router.gateway)

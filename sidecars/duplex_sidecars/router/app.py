@@ -4,6 +4,7 @@ the HTTP routes (OpenAI-compatible completions, models, health, readiness, metri
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hmac
 import json
 import logging
@@ -87,10 +88,22 @@ class Router:
             "config reload", self._reload_if_changed, lambda: self.config.reload_interval_seconds, log
         )
         self.engines.on_decode_removed(self._drop_departed)
+        self._role_signals()
         # Live bindings per decode engine (by host:port), counted every BINDINGS_SECONDS: the fabric report carries them
         # to the operator, which makes the decode pods holding the fewest the first to go on a scale-in.
         self.bindings: dict[str, int] = {}
         self._bindings_at = -float("inf")
+
+    def _role_signals(self) -> None:
+        """The autoscalers' gauges, computed when scraped (nothing on the request path)."""
+        for role in (PREFILL, DECODE):
+            pool = self.engines.pool(role)
+            self.metrics.saturation.labels(role).set_function(functools.partial(self._saturation, role))
+            self.metrics.expected_wait.labels(role).set_function(pool.expected_wait)
+
+    def _saturation(self, role: str) -> float:
+        slots = self.config.capacity.prefill_slots if role == PREFILL else self.config.capacity.decode_slots
+        return self.engines.pool(role).saturation(slots)
 
     @property
     def config(self) -> RouterConfig:

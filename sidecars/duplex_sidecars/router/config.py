@@ -282,6 +282,14 @@ class HealthCheckConfig(_Strict):
     )
 
 
+class CapacityConfig(_Strict):
+    """What one engine of each role runs at once (vLLM's --max-num-seqs), for the saturation gauge autoscalers read;
+    None: not known (the gauge is NaN)."""
+
+    prefill_slots: int | None = Field(None, ge=1)
+    decode_slots: int | None = Field(None, ge=1)
+
+
 class GatewayConfig(_Strict):
     """Trusted gateways: a request authenticated with one of `keys` (client keys held by gateways, which authenticate
     their own users) names its end user in `tenant_header`, and that user is the conversation's tenant (scoped to
@@ -329,6 +337,7 @@ class RouterConfig(_Strict):
         "conversation's tenant is its key's name.",
     )
     gateway: GatewayConfig | None = Field(None, description="Trusted gateways among the client keys.")
+    capacity: CapacityConfig = Field(default_factory=CapacityConfig)
     engine_api_key_env: str | None = Field(
         None, description="Environment variable whose value is sent to the engines as a Bearer token."
     )

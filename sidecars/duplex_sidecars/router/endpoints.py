@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from contextlib import contextmanager
@@ -152,6 +153,25 @@ class EnginePool:
     def healthy_count(self) -> int:
         """Healthy engines, draining ones too: when nothing else is left they still serve (and bind nothing)."""
         return sum(1 for e in self.engines.values() if e.healthy)
+
+    def _serving(self) -> list[Engine]:
+        return [e for e in self.engines.values() if e.healthy is not False and not e.draining]
+
+    def saturation(self, slots: int | None) -> float:
+        """Legs in flight over what the serving engines run at once, `slots` each: 1 is full, above it legs queue
+        inside the engines. NaN without `slots`; +Inf with legs in flight and no serving engine left."""
+        if slots is None:
+            return math.nan
+        inflight = sum(e.inflight for e in self.engines.values())
+        serving = len(self._serving())
+        if not serving:
+            return math.inf if inflight else 0.0
+        return inflight / (serving * slots)
+
+    def expected_wait(self) -> float:
+        """The compute ahead of a leg sent now to the least loaded serving engine (0 with none)."""
+        now = time.monotonic()
+        return min((e.backlog_seconds(now) for e in self._serving()), default=0.0)
 
     @contextmanager
     def busy(self, engine: Engine, seconds: float = 0.0) -> Iterator[Engine]:

@@ -162,7 +162,8 @@ class RouterMetrics:
                 "Client connections or requests refused at the edge, by reason: connections (503), inflight (503), "
                 "bodies (503: the request bodies held are at client_limits.max_held_body_bytes), "
                 "head_timeout and body_timeout (408), unauthorized (401), write_timeout (a client that stopped "
-                "reading, cut).",
+                "reading, cut), source_connections (503: one client address holds "
+                "client_limits.max_connections_per_source).",
                 ["reason"],
                 registry=r,
             )
@@ -227,6 +228,37 @@ class RouterMetrics:
         )
         for reason in MISS_REASONS:
             self.reuse_misses.labels(reason)
+        # Signals for autoscalers, per engine role (docs/install.md, "Autoscaling a role").
+        self.saturation = _Children(
+            Gauge(
+                "duplex_router_saturation",
+                "Legs in flight on the role's serving engines over what they run at once (capacity.*_slots, vLLM's "
+                "--max-num-seqs, per engine): 1 is full, above 1 legs queue inside the engines. NaN when the slots "
+                "are not known.",
+                ["role"],
+                registry=r,
+            )
+        )
+        self.expected_wait = _Children(
+            Gauge(
+                "duplex_router_expected_wait_seconds",
+                "The compute a leg sent now would wait behind on the role's least loaded serving engine, from the "
+                "legs in flight and what each was expected to compute (router/leg_costs.py; prefill).",
+                ["role"],
+                registry=r,
+            )
+        )
+        self.prompt_tokens = _Children(
+            Counter(
+                "duplex_router_prefill_prompt_tokens",
+                "Prompt tokens of the prefill legs that answered, by source: read_back (decode's blocks replayed to "
+                "prefill) and computed (the rest, including prefill's own prefix cache hits).",
+                ["source"],
+                registry=r,
+            )
+        )
+        for source in ("read_back", "computed"):
+            self.prompt_tokens.labels(source)
         self.store_max_bytes = Gauge(
             "duplex_router_store_max_bytes",
             "The memory store's bound in bytes (store.max_bytes); what duplex_router_store_bytes may reach.",

@@ -28,7 +28,7 @@ from typing import Any
 from duplex_sidecars import protocol
 from duplex_sidecars.router import attempts, jsonio, legs, reuse
 from duplex_sidecars.router.attempts import BROKEN, CONNECT, STATUS_4XX, STATUS_5XX, TIMEOUT
-from duplex_sidecars.router.calibration import Calibration
+from duplex_sidecars.router.calibration import Calibration, tokens_of
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.endpoints import DECODE, PREFILL, Engine, Engines
 from duplex_sidecars.router.errors import BackendFailed, BackendUnavailable, RouterError
@@ -211,6 +211,12 @@ async def prefill(deps: Deps, ctx: Context, decode_attempt: int) -> dict[str, An
             deps.calibration.observe(reply.get("usage"), reused, ctx.prefill_seconds)
         if deps.leg_costs is not None:
             deps.leg_costs.observe(len(body), reply.get("usage"))
+        read_back = ctx.decision.tokens if current.replay else 0
+        counted = tokens_of(reply.get("usage"))
+        if counted is not None:
+            prompt = counted[0]
+            metrics.prompt_tokens.labels("read_back").inc(min(read_back, prompt))
+            metrics.prompt_tokens.labels("computed").inc(max(0, prompt - read_back))
         if current.replay:
             ctx.replayed = True
             if deps.fabric is not None and ctx.decision.sticky_decode:

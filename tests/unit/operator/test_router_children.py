@@ -369,3 +369,9 @@ def test_a_gateway_is_rendered_into_the_router_config_and_needs_client_keys() ->
     with pytest.raises(InvalidSpec) as err:
         parse_spec({"model": {"name": "m"}, "router": {"gateway": {"keys": ["envoy"]}}})
     assert "router.gateway needs router.clientKeysSecret" in str(err.value)
+
+
+def test_the_roles_slots_come_from_max_num_seqs_for_the_saturation_gauge() -> None:
+    assert parsed_config().capacity.prefill_slots is None
+    capacity = parsed_config({"prefill": {"maxNumSeqs": 8}, "decode": {"maxNumSeqs": 64}}).capacity
+    assert (capacity.prefill_slots, capacity.decode_slots) == (8, 64)
