@@ -24,13 +24,13 @@ def selector(role: str, serving: str = SERVING) -> str:
     return f"{SERVING_LABEL}={serving},{ROLE_LABEL}={role}"
 
 
-def post(url: str, body: dict[str, Any], timeout: float = 120) -> tuple[int, Any]:
+def post(url: str, body: dict[str, Any], timeout: float = 120) -> tuple[int, Any, dict[str, str]]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read())
+            return resp.status, json.loads(resp.read()), dict(resp.headers)
     except urllib.error.HTTPError as err:
-        return err.code, err.read().decode(errors="replace")
+        return err.code, err.read().decode(errors="replace"), dict(err.headers)
 
 
 class Chat:
@@ -41,13 +41,15 @@ class Chat:
         model = cluster.json("-n", namespace, "get", "dsv", serving)["spec"]["model"]
         self.model = model.get("servedModelName") or model["name"]
         self.id = conversation_id()
+        self.receipt = ""  # the last answer's Server-Timing
         # Long enough that its KV is above the recompute threshold: turn 2 already reuses it.
         self.messages: list[dict[str, Any]] = [{"role": "user", "content": "Summarise this report. " + TOOL_OUTPUT}]
 
     def turn(self, text: str = TOOL_OUTPUT) -> dict[str, Any]:
         body = {"model": self.model, "messages": self.messages, "max_tokens": 16, "conversation_id": self.id}
-        status, answer = post(self.url, body)
+        status, answer, headers = post(self.url, body)
         assert status == 200, answer
+        self.receipt = headers.get("Server-Timing", "")  # router/receipt.py
         self.messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
         self.messages.append({"role": "user", "content": text})
         return dict(answer)
@@ -105,6 +107,7 @@ def test_a_conversation_through_the_service_reuses_decode_s_kv(serving: Cluster)
     chat.turn()
     chat.turn()
     assert counters.router("duplex_router_kv_reuse_hits_total") - before_hits == 2
+    assert 'kv;desc="hit:' in chat.receipt and "prefill;dur=" in chat.receipt, chat.receipt  # the turn says so too
     assert counters.external() - before_external > 600, "prefill pods read no tokens back from the decode pod"
     assert counters.corrupt() == 0
     # The router pod measured those reads off the engines' own NIXL counters: KVTransferHealthy gets its verdict (on

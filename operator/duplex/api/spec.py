@@ -652,6 +652,12 @@ class RouterSpec(Model):
     gateway: GatewaySpec | None = Field(
         None, description="Trusted gateways among the client keys (unset: every key is a tenant of its own)."
     )
+    receipts: bool = Field(
+        True,
+        description="A Server-Timing receipt on every answer: the router's, prefill's and decode's time to the first "
+        "byte and whether the turn read decode's KV back (or why not). It names no engine or address, and the "
+        "anonymous tenant's misses carry no reason.",
+    )
     canary: CanarySpec = Field(default_factory=CanarySpec, description="Verified disaggregation after each rollout.")
 
 

@@ -117,6 +117,7 @@ def router_config(
         ),
         engine_api_key_env=engine_key.ROUTER_ENV,
         client_keys_dir=CLIENT_KEYS_DIR if spec.router.client_keys_secret else None,
+        receipts=spec.router.receipts,
         capacity=CapacityConfig(prefill_slots=spec.prefill.max_num_seqs, decode_slots=spec.decode.max_num_seqs),
         gateway=(
             GatewayConfig(keys=list(gateway.keys), tenant_header=gateway.tenant_header)

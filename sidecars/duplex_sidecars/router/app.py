@@ -357,7 +357,9 @@ async def _completions(router: Router, request: Request) -> None:
         client = authenticated(router, request)
         raw = body_of(request, now.config.max_body_bytes)
         config = now.config
-        turn = parse_turn(request, raw, config.conversation, config.served_model_names, client, config.gateway)
+        turn = parse_turn(
+            request, raw, config.conversation, config.served_model_names, client, config.gateway, config.receipts
+        )
         status = await pipeline.handle(now.deps, request, turn)
     except RouterError as exc:
         status = exc.status

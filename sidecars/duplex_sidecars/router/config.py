@@ -338,6 +338,12 @@ class RouterConfig(_Strict):
     )
     gateway: GatewayConfig | None = Field(None, description="Trusted gateways among the client keys.")
     capacity: CapacityConfig = Field(default_factory=CapacityConfig)
+    receipts: bool = Field(
+        True,
+        description="Answer every completion with a Server-Timing receipt: the router's, prefill's and decode's time "
+        "to the first byte and the reuse verdict (router/receipt.py). It names no engine, and the anonymous "
+        "tenant's misses carry no reason.",
+    )
     engine_api_key_env: str | None = Field(
         None, description="Environment variable whose value is sent to the engines as a Bearer token."
     )

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from duplex_sidecars import protocol
-from duplex_sidecars.router import attempts, jsonio, legs, reuse
+from duplex_sidecars.router import attempts, jsonio, legs, receipt, reuse
 from duplex_sidecars.router.attempts import BROKEN, CONNECT, STATUS_4XX, STATUS_5XX, TIMEOUT
 from duplex_sidecars.router.calibration import Calibration, tokens_of
 from duplex_sidecars.router.config import RouterConfig
@@ -77,6 +77,18 @@ class Context:
     prefill_url: str | None = None  # the prefill engine that answered
     prefill_seconds: float | None = None  # how long its leg took
     decode_url: str | None = None  # the decode engine that answered
+    decode_started: float | None = None  # when the decode leg being relayed began (perf_counter)
+    miss_reason: str | None = None  # why the prefill leg recomputed, when it did
+
+    def receipt(self) -> dict[str, str]:
+        """The Server-Timing header of the answer starting now (router/receipt.py); {} when receipts are off."""
+        turn = self.turn
+        if not turn.receipts:
+            return {}
+        now = time.perf_counter()
+        decode = now - self.decode_started if self.decode_started is not None else None
+        kv = receipt.verdict(self.replayed, self.decision.tokens, self.miss_reason, turn.shared_tenant)
+        return {"Server-Timing": receipt.server_timing(now - turn.started, self.prefill_seconds, decode, kv)}
 
     @property
     def reuse_label(self) -> str:
@@ -96,6 +108,7 @@ async def serve(deps: Deps, exchange: Exchange, turn: Turn) -> Context:
         raise BackendUnavailable("No decode engines are available.")
     ctx = Context(turn, exchange)
     ctx.decision = await lookup(deps, turn)  # 1.
+    ctx.miss_reason = None if ctx.decision.hit else ctx.decision.reason or "no_entry"
     tried: set[str] = set()
     attempt = 0
     while True:
@@ -197,6 +210,7 @@ async def prefill(deps: Deps, ctx: Context, decode_attempt: int) -> dict[str, An
                 pool.mark(engine, False, failure.detail)
             if current.replay:
                 metrics.miss("prefill_retry")
+                ctx.miss_reason = "prefill_retry"
                 replay_failed = True
             current = attempts.next_prefill(current, failure.kind, replay_failed, cfg.prefill_retries)
             if current is not None:
@@ -249,7 +263,7 @@ async def decode(deps: Deps, ctx: Context, engine: Engine, attempt: int, prefill
     if deps.fabric is not None and prefill_params and ctx.prefill_url:
         deps.fabric.note_read(engine.url, ctx.prefill_url)  # decode reads prefill's blocks (P->D)
     headers = legs.leg_headers(turn.request_id + (f"-d{attempt}" if attempt else ""), deps.engine_api_key)
-    started = time.perf_counter()
+    started = ctx.decode_started = time.perf_counter()
     with pool.busy(engine):
         answer = await deps.client.open_decode(engine.url, turn.path, body, headers, deps.config.timeouts)
         if answer.resent:
@@ -288,7 +302,7 @@ async def relay_body(deps: Deps, ctx: Context, engine: Engine, answer: legs.Deco
     out = jsonio.dumps(body, exact)
 
     def respond() -> None:
-        exchange.respond(200, out, headers={"X-Request-Id": turn.request_id})
+        exchange.respond(200, out, headers={"X-Request-Id": turn.request_id, **ctx.receipt()})
         elapsed = time.perf_counter() - turn.started
         deps.metrics.ttft.labels(turn.route, "false", ctx.reuse_label).observe(elapsed)
         deps.metrics.e2e.labels(turn.route, "false").observe(elapsed)
@@ -355,7 +369,12 @@ def _send(deps: Deps, ctx: Context, data: bytes | bytearray, last: bool = False)
     """Data to the client, starting the response with it first; `last` ends it in the same write."""
     exchange, turn = ctx.exchange, ctx.turn
     if not exchange.started:
-        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Request-Id": turn.request_id}
+        headers = {
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Request-Id": turn.request_id,
+            **ctx.receipt(),
+        }
         exchange.start(200, headers, data)
         deps.metrics.ttft.labels(turn.route, "true", ctx.reuse_label).observe(time.perf_counter() - turn.started)
         data = b""

@@ -16,6 +16,7 @@ from duplex_sidecars.router.config import ConversationConfig, GatewayConfig
 from duplex_sidecars.router.errors import BadRequest, ModelNotFound, PayloadTooLarge
 from duplex_sidecars.router.exchange import Exchange
 from duplex_sidecars.router.history import (
+    ANONYMOUS_TENANT,
     Covered,
     History,
     gateway_tenant,
@@ -52,6 +53,8 @@ class Turn:
     keying: Literal["id", "history"] | None = "id"  # how this conversation's entries are keyed; None: not stored
     base: str | None = None  # history keying: what every key of this conversation starts from
     no_key_reason: str = "no_conversation_id"
+    shared_tenant: bool = False  # the anonymous tenant, shared by every client without a key or Authorization
+    receipts: bool = True  # answer with a Server-Timing receipt (router/receipt.py)
 
     def encode(self, body: dict[str, Any]) -> bytes:
         """A leg's body (built from this turn's body) as JSON."""
@@ -129,6 +132,7 @@ def parse_turn(
     served_models: list[str],
     client: str | None = None,
     gateway: GatewayConfig | None = None,
+    receipts: bool = True,
 ) -> Turn:
     """The turn a client request stands for; BadRequest (400) or ModelNotFound (404) when it cannot be served.
     `client` is the name of the API key that authenticated it, when the router checks keys; a key of a `gateway`
@@ -177,6 +181,8 @@ def parse_turn(
         scope=scope,
         exact_json=exact,
         keying=None,
+        shared_tenant=tenant == ANONYMOUS_TENANT,
+        receipts=receipts,
     )
     if by_id:
         assert conversation_id is not None

@@ -143,6 +143,7 @@ FULL: dict[str, Any] = {
         },
         "clientKeysSecret": "api-keys",
         "gateway": {"keys": ["envoy"], "tenantHeader": "X-User"},
+        "receipts": False,
         "canary": {"enabled": False, "promptWords": 500},
     },
 }
@@ -274,6 +275,7 @@ DEFAULTS: dict[str, Any] = {
         },
         "clientKeysSecret": None,
         "gateway": None,
+        "receipts": True,
         "canary": {"enabled": True, "promptWords": None},
     },
 }

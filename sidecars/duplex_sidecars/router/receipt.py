@@ -1,0 +1,41 @@
+"""The receipt on every answer: a W3C `Server-Timing` header saying where the time to the first byte went and
+whether the turn read decode's KV back, so that a client (or a benchmark) can tell why a turn was fast or slow.
+
+    Server-Timing: router;dur=0.6, prefill;dur=212.4, decode;dur=35.1, kv;desc="hit:4032"
+
+* `prefill`: the prefill leg that answered, from its start to its reply; on a hit it holds prefill's read of decode's
+  blocks (vLLM reports no per-request read time).
+* `decode`: from the decode leg's start to the answer's first byte (a stream's first event, or the whole body).
+* `router`: the rest of the time to the first byte: the store lookup, picking engines, failed attempts, relaying.
+* `kv`: `hit:<tokens>` (tokens decode's blocks covered) or `miss:<reason>` (the miss reasons of
+  duplex_router_kv_reuse_misses_total). Clients without a key or Authorization share one tenant, so their misses say
+  only `miss`: the reason could tell one of them what another sent.
+
+It goes out with the answer's head, so a stream carries the same entries as a whole body; its total time is what
+the client measures. Nothing in it names an engine, an address or a block.
+"""
+
+from __future__ import annotations
+
+
+def server_timing(
+    to_first_byte: float,
+    prefill: float | None,
+    decode: float | None,
+    verdict: str,
+) -> str:
+    """The header's value; times in seconds, written in milliseconds."""
+    router = max(0.0, to_first_byte - (prefill or 0.0) - (decode or 0.0))
+    parts = [f"router;dur={router * 1000:.1f}"]
+    if prefill is not None:
+        parts.append(f"prefill;dur={prefill * 1000:.1f}")
+    if decode is not None:
+        parts.append(f"decode;dur={decode * 1000:.1f}")
+    parts.append(f'kv;desc="{verdict}"')
+    return ", ".join(parts)
+
+
+def verdict(replayed: bool, tokens: int, reason: str | None, shared_tenant: bool) -> str:
+    if replayed:
+        return f"hit:{tokens}"
+    return "miss" if shared_tenant else f"miss:{reason or 'no_entry'}"
