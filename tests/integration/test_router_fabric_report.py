@@ -55,11 +55,22 @@ async def test_the_router_reports_its_fabric_verdict_into_its_one_configmap(kube
     monkeypatch.setenv("POD_NAME", "qwen-router-abc")
     verdict = [True, "KV transfers at 2.10-2.40 GB/s (LIBFABRIC)"]
     config = FabricReportConfig(
-        namespace=namespace, config_map="qwen-fabric", kubeconfig=str(kubeconfig), heartbeat_seconds=600
+        namespace=namespace,
+        config_map="qwen-fabric",
+        kubeconfig=str(kubeconfig),
+        heartbeat_seconds=600,
+        load_seconds=0.3,
     )
+    load: list[dict | None] = [None]
     reporter = FabricReporter(
         config,
-        lambda: {"healthy": verdict[0], "measured": True, "message": verdict[1], "backend": "LIBFABRIC"},
+        lambda: {
+            "healthy": verdict[0],
+            "measured": True,
+            "message": verdict[1],
+            "backend": "LIBFABRIC",
+            "load": load[0],
+        },
         check_every=0.1,
     )
     await reporter.start()
@@ -89,6 +100,16 @@ async def test_the_router_reports_its_fabric_verdict_into_its_one_configmap(kube
         assert reporter.writes == 2, "an unchanged verdict is written again only at the heartbeat"
         data = kubectl.json("-n", namespace, "get", "configmap", "qwen-fabric")["data"]
         assert data["other"] == "kept"
+
+        # Under traffic the load goes out every load_seconds (the planner's input), and once more when it ends.
+        load[0] = {"seconds": 60, "decode": {"saturation": 0.9, "peak": 1.2}, "turns": 12, "ttft_p90": 0.4}
+        await until(lambda: reporter.writes >= 4, "load reports while busy")
+        assert reports(kubectl, namespace, "qwen-fabric")["qwen-router-abc"]["load"]["turns"] == 12
+        load[0] = {"seconds": 60, "turns": 0, "ttft_p90": None}
+        await until(lambda: not reporter.reported_busy, "the report that says the traffic ended")
+        idle = reporter.writes
+        await asyncio.sleep(1.0)
+        assert reporter.writes == idle, "an idle router writes again only at the heartbeat"
     finally:
         await reporter.stop()
 

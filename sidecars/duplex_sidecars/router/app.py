@@ -38,6 +38,7 @@ from duplex_sidecars.router.fabric import FabricWatch
 from duplex_sidecars.router.fabric_report import FabricReporter
 from duplex_sidecars.router.legs import make_leg_client, make_session
 from duplex_sidecars.router.live import Live, engine_api_key_of
+from duplex_sidecars.router.load import LoadWindow, histogram_buckets
 from duplex_sidecars.router.metrics import RouterMetrics
 from duplex_sidecars.router.periodic import Periodic
 from duplex_sidecars.router.store import Store, StoreError, make_store
@@ -89,6 +90,11 @@ class Router:
         )
         self.engines.on_decode_removed(self._drop_departed)
         self._role_signals()
+        # Each role's saturation and the TTFT p90 over the last minute, for the operator's planner (router/load.py).
+        self.load = LoadWindow(
+            self._saturation,
+            lambda: histogram_buckets(self.metrics.ttft.metric.collect(), "duplex_router_time_to_first_token_seconds"),
+        )
         # Live bindings per decode engine (by host:port), counted every BINDINGS_SECONDS: the fabric report carries them
         # to the operator, which makes the decode pods holding the fewest the first to go on a scale-in.
         self.bindings: dict[str, int] = {}
@@ -190,7 +196,8 @@ class Router:
         assert self.fabric is not None
         canary = self.canary.verdict() if self.canary is not None else None
         verdict = {**self.fabric.verdict(), "canary": canary, "calibration": self.calibrated()}
-        return {**verdict, "bindings": dict(self.bindings)}
+        self.load.sample()
+        return {**verdict, "bindings": dict(self.bindings), "load": self.load.summary()}
 
     def _session(self) -> aiohttp.ClientSession:
         assert self.session is not None

@@ -231,6 +231,12 @@ class FabricReportConfig(_Strict):
         description="A verdict that has not changed is written again this often, so that a report "
         "the operator reads is never older than this (it treats reports older than 5 heartbeats as gone).",
     )
+    load_seconds: float = Field(
+        15.0,
+        gt=0,
+        description="While the router has traffic (and once after), its report is written this often: its load is "
+        "what the operator's planner scales on (spec.autoscaling).",
+    )
     kubeconfig: str | None = Field(None, description="Kubeconfig file; unset means the in-cluster service account.")
 
 

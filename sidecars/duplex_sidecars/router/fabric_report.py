@@ -24,6 +24,7 @@ import aiohttp
 
 from duplex_sidecars.router.config import FabricReportConfig
 from duplex_sidecars.router.endpointslices import ApiAccess
+from duplex_sidecars.router.load import ROLES
 from duplex_sidecars.router.periodic import Periodic
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,12 @@ def news(verdict: dict[str, Any]) -> tuple[Any, ...]:
     one turns KVTransferHealthy from Unknown to a verdict) and the canary's run."""
     canary = verdict.get("canary") or {}
     return verdict["healthy"], bool(verdict.get("measured")), canary.get("run")
+
+
+def busy(verdict: dict[str, Any]) -> bool:
+    """Whether the verdict's load window saw a turn or a leg in flight."""
+    load = verdict.get("load") or {}
+    return bool(load.get("turns")) or any((load.get(r) or {}).get("peak") not in (None, 0, 0.0) for r in ROLES)
 
 
 def report_of(verdict: dict[str, Any], at: datetime.datetime) -> dict[str, Any]:
@@ -70,15 +77,16 @@ class FabricReporter:
         self._news: tuple[Any, ...] | None = None  # `news` of the verdict last written
         self.writes = 0
         self.failing = False
+        self.reported_busy = False  # whether the report last written saw traffic
 
     def _url(self) -> str:
         assert self._access is not None
         ns, name = quote(self.config.namespace, safe=""), quote(self.config.config_map, safe="")
         return f"{self._access.base}/api/v1/namespaces/{ns}/configmaps/{name}"
 
-    async def publish(self) -> bool:
+    async def publish(self, verdict: dict[str, Any] | None = None) -> bool:
         """Write the current verdict now; False (logged once per outage) if the API server refused or was away."""
-        verdict = self._verdict()
+        verdict = self._verdict() if verdict is None else verdict
         body = patch_body(self.key, report_of(verdict, datetime.datetime.now(datetime.UTC)))
         assert self._session is not None and self._access is not None
         headers = {**self._access.headers(), "Content-Type": "application/merge-patch+json"}
@@ -100,14 +108,18 @@ class FabricReporter:
         self.failing = False
         self.published = verdict["healthy"]
         self._news = news(verdict)
+        self.reported_busy = busy(verdict)
         self.writes += 1
         return True
 
     async def _publish_when_due(self) -> None:
         now = asyncio.get_running_loop().time()
-        fresh = news(self._verdict()) != self._news
-        due = now - self._written_at >= self.config.heartbeat_seconds
-        if (due or fresh or self.failing) and await self.publish():
+        verdict = self._verdict()
+        fresh = news(verdict) != self._news
+        since = now - self._written_at
+        # While there is traffic (and once after it ends) the load goes out every load_seconds: the planner's input.
+        load = (busy(verdict) or self.reported_busy) and since >= self.config.load_seconds
+        if (since >= self.config.heartbeat_seconds or fresh or load or self.failing) and await self.publish(verdict):
             self._written_at = asyncio.get_running_loop().time()
 
     async def start(self) -> None:
