@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,12 +97,16 @@ def parse(doc: dict[str, Any], default_namespace: str = "default") -> Serving:
 
 
 def desired_children(
-    serving: Serving, key_uid: str | None = None, auto_threshold: int | None = None
+    serving: Serving,
+    key_uid: str | None = None,
+    auto_threshold: int | None = None,
+    planned: Mapping[str, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Every object the operator applies for this serving, in apply order (RBAC and config before workloads).
     Not the engine key Secret: the operator creates that once, with a random key (key_secret); `key_uid`, the uid of
     the Secret as it exists, is stamped on the workloads' pod templates (a `duplex render` preview has none).
-    `auto_threshold`: with recomputeThreshold: Auto, the router's threshold as measured (a preview has the initial)."""
+    `auto_threshold`: with recomputeThreshold: Auto, the router's threshold as measured (a preview has the initial).
+    `planned`: the replicas the planner set for roles in scaling.mode Automatic (a preview has their start)."""
     spec, name, ns = serving.spec, serving.name, serving.namespace
     objs: list[dict[str, Any]] = [
         *router_rbac(name, ns),
@@ -115,7 +120,7 @@ def desired_children(
     objs.append(drain_service(name, ns))
     objs += network_policies(spec, name, ns)
     for role in ROLES:
-        objs.append(engine_deployment(spec, name, ns, role, key_uid))
+        objs.append(engine_deployment(spec, name, ns, role, key_uid, (planned or {}).get(role)))
     objs.append(router_deployment(spec, name, ns, key_uid))
     return objs
 

@@ -36,9 +36,10 @@ def external(serving: Serving, role: str) -> bool:
 
 
 def desired(serving: Serving, role: str, live: Mapping[str, Any] | None) -> int:
-    """The role's size as its writer wants it: the spec's, or in External mode the live Deployment's."""
+    """The role's size as its writer wants it: the spec's, or in External and Automatic mode the live Deployment's
+    (the planner's last decision is in it)."""
     spec_replicas = int(getattr(serving.spec, role).replicas)
-    if external(serving, role) and live is not None:
+    if getattr(serving.spec, role).scaling.mode != "Fixed" and live is not None:
         return int((live.get("spec") or {}).get("replicas", spec_replicas))
     return spec_replicas
 
@@ -72,7 +73,7 @@ def overwritten(
     out = []
     for role in ROLES:
         current = live.get(role)
-        if external(serving, role) or current is None:
+        if getattr(serving.spec, role).scaling.mode != "Fixed" or current is None:
             continue
         mine = applied.get(current["metadata"]["name"])
         stamped = (current["metadata"].get("annotations") or {}).get(APPLIED_HASH)

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from duplex import auto_threshold, kv_change, replicas, scale_in
+from duplex import auto_threshold, kv_change, planner, replicas, scale_in
 from duplex import status as status_of
 from duplex.api.status import DisaggregatedServingStatus, EngineChange
 from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, POD, SECRET, apply_rank, kind_of
@@ -86,7 +86,12 @@ def sync(
     fabric = _fabric_reports(serving, observed)
     auto = auto_threshold.decide(serving.spec, last.effective_kv if last else None, fabric, at)
     threshold = auto.value if auto else None
-    desired = [with_owner(child, dict(parent)) for child in desired_children(serving, key_uid, threshold)]
+    # Roles in scaling.mode Automatic: replicas from the routers' load (duplex.planner).
+    live = _deployments(serving, observed)
+    reports = status_of.fresh_reports(fabric, at)
+    planned = planner.plan(serving, live, reports, last.autoscaling if last else None, at)
+    children = desired_children(serving, key_uid, threshold, planned.replicas if planned else None)
+    desired = [with_owner(child, dict(parent)) for child in children]
 
     # 3. What must change: children missing or drifted get applied, children of ours no longer desired are deleted;
     # the key Secret is created when missing and otherwise left as it is (changing it would rotate the key). Until
@@ -98,18 +103,19 @@ def sync(
 
     # 4. Status from the observed Deployments; the next pass sees what this one's writes did.
     pods = [o for o in observed if o.get("kind") == POD.kind]
-    live = _deployments(serving, observed)
     new = status_of.compute(serving, live, last, at, pods, fabric, threshold, auto.calibration if auto else None)
     change = _engine_change(serving, live, to_apply)
     # A scale-in of decode: the pods the fewest conversations are bound to go first (scale_in.py). In External mode
     # the operator cannot see a scale-in coming: the costs are kept current.
-    reports = status_of.fresh_reports(fabric, at)
     live_decode = ((live.get("decode") or {}).get("spec") or {}).get("replicas")
-    lowered = isinstance(live_decode, int) and serving.spec.decode.replicas < live_decode
+    target = (planned.replicas if planned else {}).get("decode", serving.spec.decode.replicas)
+    lowered = isinstance(live_decode, int) and target < live_decode
     scaling_in = replicas.external(serving, "decode") or lowered
     annotate = scale_in.deletion_costs(serving.name, scaling_in, pods, reports)
     names = status_of.deployment_names(serving)
     handover = replicas.handovers(serving, names, live, to_apply)
+    if planned is not None:
+        new.autoscaling = planned.status
     if change is not None:
         new.engine_change = EngineChange(
             kv=change.verdict,
@@ -122,6 +128,9 @@ def sync(
     # 5. Events: what changed (and what a roll of engine pods does to their KV), new config warnings, and whether
     # Ready flipped.
     events = _applied_event(to_create + to_apply, to_delete)
+    if planned is not None and planned.changes and _new_decision(last, planned):
+        reason = "AutoscaleDryRun" if planned.status.dry_run else "Autoscaled"
+        events.append(Event("Normal", reason, planner.message(planned.changes, planned.status)))
     for role, theirs, ours in replicas.overwritten(serving, live, to_apply):
         message = (
             f"{names[role]} was scaled to {theirs} by another writer; spec.{role}.scaling.mode is Fixed, so it goes "
@@ -143,6 +152,14 @@ def sync(
         write_status=write,
         events=events,
     )
+
+
+def _new_decision(last: DisaggregatedServingStatus | None, planned: planner.Plan) -> bool:
+    """Whether this pass's scaling decision was not already announced (a dry run repeats it every pass)."""
+    before = last.autoscaling if last else None
+    if before is None:
+        return True
+    return any(getattr(before, r) is None or getattr(before, r).replicas != to for r, _, to in planned.changes)
 
 
 def _engine_change(

@@ -1,11 +1,14 @@
 """One writer of each role's replicas, on the real API server: a role in scaling mode External belongs to a real
 HorizontalPodAutoscaler (run by the kube-controller-manager) while the operator rolls its template, and to
 `kubectl scale` (another field manager); a Fixed role is set back with a Warning Event; switching modes scales
-nothing. Ownership is read from the Deployment's managedFields."""
+nothing; a role in mode Automatic is sized by the operator's planner from a router's load report. Ownership is read
+from the Deployment's managedFields."""
 
 from __future__ import annotations
 
 import copy
+import datetime
+import json
 from typing import Any
 
 import pytest
@@ -125,3 +128,22 @@ def test_switching_modes_scales_nothing_and_a_fixed_role_is_set_back(operator, k
     wait_for(lambda: deployment(kubectl, namespace)["spec"]["replicas"] == 3, timeout=60, what="set back to 3")
     events = kubectl.json("-n", namespace, "get", "events", "--field-selector", "reason=ReplicasOverwritten")["items"]
     assert events and f"{DECODE} was scaled to 1" in events[0]["message"]
+
+
+def test_the_planner_scales_an_automatic_role_on_the_routers_load(operator, kubectl, namespace, wait_for):
+    automatic = {"mode": "Automatic", "minReplicas": 1, "maxReplicas": 3}
+    kubectl.apply(serving(namespace, scaling=automatic))
+    wait_for(lambda: deployment(kubectl, namespace)["spec"].get("replicas") == 1, timeout=60, what="decode created")
+    # What a router's fabric report carries (router/load.py): decode 1.5 saturated over the last minute.
+    at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    load = {"seconds": 60, "decode": {"saturation": 1.5, "peak": 2.0}, "turns": 40, "ttft_p90": 0.8}
+    report = {"healthy": True, "measured": False, "message": "", "at": at, "load": load}
+    patch = {"data": {"qwen3-32b-router-x": json.dumps(report)}}
+    kubectl("-n", namespace, "patch", "configmap", "qwen3-32b-fabric", "--type=merge", "-p", json.dumps(patch))
+    # 1 x 1.5 / 0.75 = 2
+    wait_for(lambda: deployment(kubectl, namespace)["spec"]["replicas"] == 2, timeout=60, what="the planner's 2")
+    assert FIELD_MANAGER in replica_owners(deployment(kubectl, namespace))
+    plan = kubectl.json("-n", namespace, "get", "dsv", "qwen3-32b")["status"]["autoscaling"]
+    assert plan["decode"]["reason"] == "ScaleUp" and plan["decode"]["saturation"] == 1.5 and plan["routers"] == 1
+    events = kubectl.json("-n", namespace, "get", "events", "--field-selector", "reason=Autoscaled")["items"]
+    assert events and events[0]["message"].startswith("decode 1 -> 2")

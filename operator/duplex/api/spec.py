@@ -202,13 +202,67 @@ class RolloutSpec(Model):
 class ScalingSpec(Model):
     """Who writes the role's replicas: exactly one writer, so that no two controllers undo each other."""
 
-    mode: Literal["Fixed", "External"] = Field(
+    RULES = (
+        Rule(
+            cel="self.minReplicas <= self.maxReplicas",
+            message="scaling.minReplicas must not be above scaling.maxReplicas",
+            holds=lambda s: s.min_replicas <= s.max_replicas,
+        ),
+    )
+
+    mode: Literal["Fixed", "External", "Automatic"] = Field(
         "Fixed",
         description="Fixed: the operator keeps the role's Deployment at `replicas` and sets it back if anyone else "
         "changes it (an Event says so). External: something else (a HorizontalPodAutoscaler, a KEDA ScaledObject, "
         "kubectl scale) owns the Deployment's replicas through its scale subresource; the operator creates the "
         "Deployment with `replicas`, then never writes them, and hands its ownership of the field over without "
-        "changing the value, so that switching modes scales nothing.",
+        "changing the value, so that switching modes scales nothing. Automatic: the operator's planner sets them "
+        "from the routers' measurements, between minReplicas and maxReplicas (spec.autoscaling).",
+    )
+    min_replicas: int = Field(1, ge=0, le=1000, description="Automatic: the fewest pods the planner keeps.")
+    max_replicas: int = Field(8, ge=1, le=1000, description="Automatic: the most pods the planner asks for.")
+
+
+class RatioSpec(Model):
+    RULES = (
+        Rule(
+            cel="!has(self.min) || !has(self.max) || self.min <= self.max",
+            message="autoscaling.prefillPerDecode.min must not be above its max",
+            holds=lambda r: r.min is None or r.max is None or r.min <= r.max,
+        ),
+    )
+
+    min: float | None = Field(None, gt=0, le=64, description="The fewest prefill pods per decode pod.")
+    max: float | None = Field(None, gt=0, le=64, description="The most prefill pods per decode pod.")
+
+
+class AutoscalingSpec(Model):
+    """The planner of roles in scaling.mode Automatic: each role is sized so that its saturation (legs in flight over
+    what its engines run at once, as the routers measure it over the last minute) meets the target; prefill grows
+    too while the time to first token misses its objective. Up at once, down only after a stable window."""
+
+    target_saturation: float = Field(
+        0.75,
+        gt=0,
+        le=4,
+        description="Saturation each role is sized for (needs the role's maxNumSeqs, which sets what an engine runs "
+        "at once).",
+    )
+    ttft_p90_seconds: float | None = Field(
+        None, gt=0, le=3600, description="Objective for the routers' time to first token, 90th percentile."
+    )
+    prefill_per_decode: RatioSpec = Field(
+        default_factory=RatioSpec, description="Bounds on prefill pods per decode pod: the smaller role is raised."
+    )
+    scale_down_seconds: int = Field(
+        300,
+        ge=0,
+        le=86_400,
+        description="A role shrinks only after its recommendation has stayed below its size this long, and then to "
+        "the highest recommendation of that window (a decode pod leaving drains for minutes: do not flap).",
+    )
+    dry_run: bool = Field(
+        False, description="Compute and report each decision (status.autoscaling, Events) without scaling."
     )
 
 
@@ -724,3 +778,6 @@ class DisaggregatedServingSpec(Model):
     network: NetworkSpec = Field(default_factory=NetworkSpec, description="Fabric settings.")
     kv_transfer: KVTransferSpec = Field(default_factory=KVTransferSpec, description="KV transfer (NixlConnector).")
     router: RouterSpec = Field(default_factory=RouterSpec, description="KV-aware router.")
+    autoscaling: AutoscalingSpec = Field(
+        default_factory=AutoscalingSpec, description="The planner of roles in scaling.mode Automatic."
+    )

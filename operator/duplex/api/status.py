@@ -83,6 +83,28 @@ class EngineChange(_Status):
     observed_generation: int | None = Field(None, description="The spec generation that made the change.")
 
 
+class RolePlan(_Status):
+    """The planner's view of one role in scaling.mode Automatic (duplex/planner.py)."""
+
+    replicas: int = Field(description="What the planner set (in dry run: what it would set).")
+    recommended: int = Field(description="What the measurements alone ask for, within minReplicas..maxReplicas.")
+    saturation: float | None = Field(None, description="The routers' saturation of the role, summed over routers.")
+    reason: str = Field(description="Why replicas is what it is: ScaleUp, ScaleDown, Hold, Waiting, NoMeasurements.")
+    lower_since: str | None = Field(None, description="Since when the recommendation has stayed below the size.")
+    lower_peak: int | None = Field(None, description="The highest recommendation since lowerSince.")
+
+
+class Autoscaling(_Status):
+    """The planner's last decision, with its inputs."""
+
+    at: str = Field(description="When it was made (RFC 3339).")
+    dry_run: bool = False
+    ttft_p90_seconds: float | None = Field(None, description="The routers' time to first token, p90, worst router.")
+    routers: int = Field(0, description="Routers whose fresh load went into the decision.")
+    prefill: RolePlan | None = None
+    decode: RolePlan | None = None
+
+
 class DisaggregatedServingStatus(_Status):
     observed_generation: int | None = Field(None, description="Generation of the spec last reconciled.")
     prefill: RoleStatus | None = None
@@ -92,4 +114,5 @@ class DisaggregatedServingStatus(_Status):
     effective_kv: EffectiveKV | None = Field(None, alias="effectiveKV", description="KV settings the engines run with.")
     engine_config_hash: str | None = Field(None, description="Hash of the engine-facing configuration.")
     engine_change: EngineChange | None = Field(None, description="The last change that rolled engine pods.")
+    autoscaling: Autoscaling | None = Field(None, description="The planner's last decision (scaling.mode Automatic).")
     conditions: list[Condition] = Field(default_factory=list)

@@ -123,9 +123,15 @@ def config_hash(pod_spec: dict[str, Any]) -> str:
 
 
 def engine_deployment(
-    spec: DisaggregatedServingSpec, serving: str, namespace: str, role_name: str, key_uid: str | None = None
+    spec: DisaggregatedServingSpec,
+    serving: str,
+    namespace: str,
+    role_name: str,
+    key_uid: str | None = None,
+    planned: int | None = None,
 ) -> dict[str, Any]:
-    """The Deployment of the role named `role_name` (prefill or decode)."""
+    """The Deployment of the role named `role_name` (prefill or decode); `planned`: its replicas as the planner set
+    them (scaling.mode Automatic)."""
     role = EngineRole.of(spec, role_name)
     volumes, _ = _volumes(spec, serving)
     engine = engine_container(spec, role, serving, namespace)
@@ -155,7 +161,12 @@ def engine_deployment(
     # No version label on pods: upgrading the operator alone must not roll GPU engines.
     pod_labels = {k: v for k, v in meta_labels.items() if k != "app.kubernetes.io/version"}
     # scaling.mode External: another controller writes replicas (the operator hands them over, duplex.replicas).
-    replicas = {"replicas": role.spec.replicas} if role.spec.scaling.mode == "Fixed" else {}
+    mode = role.spec.scaling.mode
+    replicas = {} if mode == "External" else {"replicas": role.spec.replicas}
+    if mode == "Automatic":
+        scaling = role.spec.scaling
+        start = min(max(role.spec.replicas, scaling.min_replicas), scaling.max_replicas)
+        replicas = {"replicas": planned if planned is not None else start}
     return DEPLOYMENT.manifest(
         {"name": child_name(serving, role.name), "namespace": namespace, "labels": meta_labels},
         spec={

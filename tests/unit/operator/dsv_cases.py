@@ -31,7 +31,7 @@ FULL: dict[str, Any] = {
     },
     "prefill": {
         "replicas": 2,
-        "scaling": {"mode": "External"},
+        "scaling": {"mode": "External", "minReplicas": 2, "maxReplicas": 6},
         "tensorParallelSize": 4,
         "accelerator": {"type": "aws.amazon.com/neuron", "count": 4},
         "cpu": "32",
@@ -59,7 +59,7 @@ FULL: dict[str, Any] = {
     },
     "decode": {
         "replicas": 3,
-        "scaling": {"mode": "External"},
+        "scaling": {"mode": "Automatic", "minReplicas": 0, "maxReplicas": 12},
         "tensorParallelSize": 8,
         "accelerator": {"type": "aws.amazon.com/neuron", "count": 8},
         "cpu": "64",
@@ -146,6 +146,13 @@ FULL: dict[str, Any] = {
         "receipts": False,
         "canary": {"enabled": False, "promptWords": 500},
     },
+    "autoscaling": {
+        "targetSaturation": 0.9,
+        "ttftP90Seconds": 2.0,
+        "prefillPerDecode": {"min": 0.5, "max": 2.0},
+        "scaleDownSeconds": 600,
+        "dryRun": True,
+    },
 }
 
 FULL_ALT: dict[str, Any] = merge(
@@ -191,7 +198,7 @@ DEFAULTS: dict[str, Any] = {
     **{
         role: {
             "replicas": 1,
-            "scaling": {"mode": "Fixed"},
+            "scaling": {"mode": "Fixed", "minReplicas": 1, "maxReplicas": 8},
             "tensorParallelSize": 1,
             "accelerator": {"type": "nvidia.com/gpu", "count": None, "kvCacheGiB": None},
             "cpu": None,
@@ -277,6 +284,13 @@ DEFAULTS: dict[str, Any] = {
         "gateway": None,
         "receipts": True,
         "canary": {"enabled": True, "promptWords": None},
+    },
+    "autoscaling": {
+        "targetSaturation": 0.75,
+        "ttftP90Seconds": None,
+        "prefillPerDecode": {"min": None, "max": None},
+        "scaleDownSeconds": 300,
+        "dryRun": False,
     },
 }
 

@@ -209,6 +209,8 @@ VIOLATIONS: dict[str, list[dict[str, Any]]] = {
     "RedisSpec": [{}, {"url": "redis://duplex:hunter2@redis:6379/0"}],
     "StoreSpec": [{"type": "redis"}],
     "RouterSpec": [{"memory": "128Mi"}, {"replicas": 2}, {"gateway": {"keys": ["envoy"]}}],
+    "ScalingSpec": [{"minReplicas": 3, "maxReplicas": 2}],
+    "RatioSpec": [{"min": 2.0, "max": 1.0}],
     "ModelSpec": [{"extraArgs": ["--enforce-eager", flags[0], "1"]} for flags, _ in OWNED_FLAGS],
     **{
         cls: [{"extraArgs": ["--enforce-eager", flags[0], "1"]} for flags, _ in (*OWNED_FLAGS, *PAIRED_FLAGS)]

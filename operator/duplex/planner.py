@@ -1,0 +1,175 @@
+"""The planner of roles in scaling.mode Automatic: their replicas from what the routers measured over the last minute
+(router/load.py, carried in their fabric reports). Pure: the pass's inputs and the previous decision in, the
+decision out, with its inputs for status.
+
+Each role is sized so that its saturation (legs in flight over what its engines run at once, summed over routers:
+each counts its own legs against the same engines) meets spec.autoscaling.targetSaturation, the way an HPA sizes on
+a utilization: ceil(replicas x saturation / target). While the time to first token misses its objective, prefill
+gets at least one pod more. The prefill-per-decode bounds raise the smaller role. Up at once; down only after the
+recommendation has stayed below the size for scaleDownSeconds, and then to the highest recommendation of that
+window. The last decision lives in status, so an operator restart carries on where it was.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from duplex.api.spec import AutoscalingSpec, ScalingSpec
+from duplex.api.status import Autoscaling, RolePlan
+from duplex.render import Serving
+
+ROLES = ("prefill", "decode")
+LOAD_MAX_AGE_SECONDS = 90.0  # a router's load older than this says nothing about now (it writes every 15 s)
+
+
+@dataclass(frozen=True)
+class Plan:
+    status: Autoscaling
+    replicas: dict[str, int]  # what to apply for each Automatic role (in dry run: what is live)
+    changes: list[tuple[str, int, int]]  # (role, from, to) this pass scales, or would in dry run
+
+
+def automatic(serving: Serving) -> list[str]:
+    return [r for r in ROLES if _scaling(serving, r).mode == "Automatic"]
+
+
+def plan(
+    serving: Serving,
+    live: Mapping[str, Mapping[str, Any] | None],
+    reports: Sequence[tuple[str, Mapping[str, Any]]],
+    previous: Autoscaling | None,
+    at: str,
+) -> Plan | None:
+    """None when no role is Automatic."""
+    roles = automatic(serving)
+    if not roles:
+        return None
+    auto = serving.spec.autoscaling
+    loads = []
+    for _, report in reports:
+        age = _age(report.get("at"), at)
+        if isinstance(report.get("load"), dict) and age is not None and age <= LOAD_MAX_AGE_SECONDS:
+            loads.append(report["load"])
+    ttfts = [float(t) for load in loads if isinstance(t := load.get("ttft_p90"), (int, float))]
+    ttft = max(ttfts) if ttfts else None
+    current = {r: _current(serving, r, live.get(r)) for r in ROLES}
+    saturation = {r: _saturation(loads, r) for r in ROLES}
+    recommended = {r: _recommend(auto, _scaling(serving, r), current[r], saturation[r]) for r in roles}
+    if "prefill" in roles and auto.ttft_p90_seconds is not None and ttft is not None and ttft > auto.ttft_p90_seconds:
+        scaling = _scaling(serving, "prefill")
+        recommended["prefill"] = min(max(recommended["prefill"], current["prefill"] + 1), scaling.max_replicas)
+    _bound_ratio(serving, recommended, current)
+    plans: dict[str, RolePlan] = {}
+    for role in roles:
+        before = getattr(previous, role, None) if previous is not None else None
+        plans[role] = _stabilize(auto, role, current[role], recommended[role], saturation[role], before, at)
+    changes = [(r, current[r], p.replicas) for r, p in plans.items() if p.replicas != current[r]]
+    status = Autoscaling(
+        at=at,
+        dry_run=auto.dry_run,
+        ttft_p90_seconds=ttft,
+        routers=len(loads),
+        **{role: p for role, p in plans.items()},
+    )
+    if previous is not None and _same(previous, status):
+        status = status.model_copy(update={"at": previous.at})  # nothing new: status is not rewritten
+    replicas = {r: current[r] if auto.dry_run else p.replicas for r, p in plans.items()}
+    return Plan(status, replicas, changes)
+
+
+def _scaling(serving: Serving, role: str) -> ScalingSpec:
+    scaling: ScalingSpec = getattr(serving.spec, role).scaling
+    return scaling
+
+
+def _current(serving: Serving, role: str, live: Mapping[str, Any] | None) -> int:
+    replicas = ((live or {}).get("spec") or {}).get("replicas")
+    if isinstance(replicas, int):
+        return replicas
+    scaling = _scaling(serving, role)
+    return int(min(max(getattr(serving.spec, role).replicas, scaling.min_replicas), scaling.max_replicas))
+
+
+def _saturation(loads: Sequence[Mapping[str, Any]], role: str) -> float | None:
+    values = []
+    for load in loads:
+        value = (load.get(role) or {}).get("saturation")
+        if value == "Inf":
+            value = math.inf
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            values.append(float(value))
+    return sum(values) if values else None
+
+
+def _recommend(auto: AutoscalingSpec, scaling: ScalingSpec, current: int, saturation: float | None) -> int:
+    if saturation is None:
+        wanted = current
+    elif math.isinf(saturation):
+        wanted = max(current, 1) * 2
+    else:
+        wanted = math.ceil(max(current, 1) * saturation / auto.target_saturation - 1e-9)
+    return int(min(max(wanted, scaling.min_replicas), scaling.max_replicas))
+
+
+def _bound_ratio(serving: Serving, recommended: dict[str, int], current: Mapping[str, int]) -> None:
+    """Raise the smaller role into the prefill-per-decode bounds (only a role the planner sizes is changed)."""
+    ratio = serving.spec.autoscaling.prefill_per_decode
+    prefill = recommended.get("prefill", current["prefill"])
+    decode = recommended.get("decode", current["decode"])
+    if ratio.min is not None and "prefill" in recommended and prefill < ratio.min * decode:
+        recommended["prefill"] = min(math.ceil(ratio.min * decode - 1e-9), _scaling(serving, "prefill").max_replicas)
+    if ratio.max is not None and "decode" in recommended and prefill > ratio.max * decode:
+        recommended["decode"] = min(math.ceil(prefill / ratio.max - 1e-9), _scaling(serving, "decode").max_replicas)
+
+
+def _stabilize(
+    auto: AutoscalingSpec,
+    role: str,
+    current: int,
+    recommended: int,
+    saturation: float | None,
+    before: RolePlan | None,
+    at: str,
+) -> RolePlan:
+    sat = None if saturation is None or math.isinf(saturation) else round(saturation, 3)
+    common = {"recommended": recommended, "saturation": sat}
+    if saturation is None:
+        return RolePlan(replicas=current, reason="NoMeasurements", **common)
+    if recommended >= current:
+        reason = "ScaleUp" if recommended > current else "Hold"
+        return RolePlan(replicas=recommended, reason=reason, **common)
+    since = before.lower_since if before is not None and before.lower_since else at
+    peak = (
+        max(before.lower_peak or recommended, recommended) if before is not None and before.lower_since else recommended
+    )
+    if (_age(since, at) or 0.0) >= auto.scale_down_seconds:
+        return RolePlan(replicas=min(peak, current), reason="ScaleDown", **common)
+    return RolePlan(replicas=current, reason="Waiting", lower_since=since, lower_peak=peak, **common)
+
+
+def _same(a: Autoscaling, b: Autoscaling) -> bool:
+    return a.model_dump(exclude={"at"}) == b.model_dump(exclude={"at"})
+
+
+def _age(stamp: Any, at: str) -> float | None:
+    try:
+        then = datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+        now = datetime.datetime.fromisoformat(at.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (now - then).total_seconds()
+
+
+def message(changes: Sequence[tuple[str, int, int]], status: Autoscaling) -> str:
+    parts = []
+    for role, before, after in changes:
+        plan_ = getattr(status, role)
+        sat = f"saturation {plan_.saturation}" if plan_.saturation is not None else "saturation unknown"
+        parts.append(f"{role} {before} -> {after} ({plan_.reason}: {sat})")
+    ttft = f"; TTFT p90 {status.ttft_p90_seconds:.2f} s" if status.ttft_p90_seconds is not None else ""
+    prefix = "would scale (dry run): " if status.dry_run else ""
+    return prefix + ", ".join(parts) + ttft + f"; from {status.routers} router(s)"
