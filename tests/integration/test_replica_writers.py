@@ -132,7 +132,7 @@ def test_switching_modes_scales_nothing_and_a_fixed_role_is_set_back(operator, k
 
 def test_the_planner_scales_an_automatic_role_on_the_routers_load(operator, kubectl, namespace, wait_for):
     automatic = {"mode": "Automatic", "minReplicas": 1, "maxReplicas": 3}
-    kubectl.apply(serving(namespace, scaling=automatic))
+    kubectl.apply(serving(namespace, scaling=automatic, maxNumSeqs=8))
     wait_for(lambda: deployment(kubectl, namespace)["spec"].get("replicas") == 1, timeout=60, what="decode created")
     # What a router's fabric report carries (router/load.py): decode 1.5 saturated over the last minute.
     at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -305,8 +305,19 @@ class RoleSpec(Model):
     )
 
 
+def _automatic_rules(role: str) -> tuple[Rule, ...]:
+    return (
+        Rule(
+            cel="self.scaling.mode != 'Automatic' || has(self.maxNumSeqs)",
+            message=f"{role}.scaling.mode Automatic needs {role}.maxNumSeqs: it is what an engine runs at once, "
+            "which the routers measure saturation against",
+            holds=lambda r: r.scaling.mode != "Automatic" or r.max_num_seqs is not None,
+        ),
+    )
+
+
 class PrefillSpec(RoleSpec):
-    RULES = owned_arg_rules(role="prefill") + paired_rules()
+    RULES = owned_arg_rules(role="prefill") + paired_rules() + _automatic_rules("prefill")
 
 
 class DrainSpec(Model):
@@ -336,7 +347,7 @@ class DrainSpec(Model):
 
 
 class DecodeSpec(RoleSpec):
-    RULES = owned_arg_rules(role="decode") + paired_rules()
+    RULES = owned_arg_rules(role="decode") + paired_rules() + _automatic_rules("decode")
 
     drain: DrainSpec = Field(
         default_factory=DrainSpec, description="Conversation-aware draining of decode pods that are going away."

@@ -215,6 +215,7 @@ VIOLATIONS: dict[str, list[dict[str, Any]]] = {
     **{
         cls: [{"extraArgs": ["--enforce-eager", flags[0], "1"]} for flags, _ in (*OWNED_FLAGS, *PAIRED_FLAGS)]
         + [{"env": [{"name": "A", "value": "1"}, {"name": PAIRED_ENV[0], "value": "FLASH_ATTN"}]}]
+        + [{"scaling": {"mode": "Automatic"}}]
         for cls in ("PrefillSpec", "DecodeSpec")
     },
 }

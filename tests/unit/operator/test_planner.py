@@ -15,7 +15,7 @@ from duplex.planner import plan
 from duplex.render import parse
 from duplex.sync import sync
 
-AUTO = {"scaling": {"mode": "Automatic", "minReplicas": 1, "maxReplicas": 10}}
+AUTO = {"maxNumSeqs": 8, "scaling": {"mode": "Automatic", "minReplicas": 1, "maxReplicas": 10}}
 T2, T3 = "2026-01-01T00:06:00Z", "2026-01-01T00:11:00Z"
 
 
