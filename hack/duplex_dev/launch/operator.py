@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -25,7 +26,7 @@ WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 
 def install_crd_and_rbac(kubectl: Any) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    kubectl("wait", "--for=condition=Established", "crd/disaggregatedservings.duplex.dev", "--timeout=60s")
+    wait_established(kubectl, "disaggregatedservings.duplex.dev")
     kubectl("apply", "-f", str(CLUSTER_ROLE))
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -35,6 +36,20 @@ def install_crd_and_rbac(kubectl: Any) -> None:
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}],
     }
     kubectl("apply", "-f", "-", input=yaml.safe_dump(binding))
+
+
+def wait_established(kubectl: Any, crd: str, timeout: float = 60.0) -> None:
+    """Until the CRD is Established. Polled, not `kubectl wait`: that fails at once on a CRD whose status has no
+    conditions yet."""
+    deadline = time.monotonic() + timeout
+    while True:
+        obj = json.loads(kubectl("get", f"crd/{crd}", "-o", "json"))
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"CRD {crd} was not Established within {timeout:.0f} s")
+        time.sleep(0.2)
 
 
 class OperatorProcess:
