@@ -197,3 +197,50 @@ def test_operator_and_router_pods_restarted_keep_serving(serving: Cluster) -> No
     hits = counters.router("duplex_router_kv_reuse_hits_total")
     chat.turn()
     assert counters.router("duplex_router_kv_reuse_hits_total") == hits + 1, time.monotonic() - started
+
+
+def test_a_real_hpa_scales_decode_pods_that_really_run_and_reuse_goes_on(serving: Cluster) -> None:
+    """decode handed to a HorizontalPodAutoscaler (scaling.mode External): the operator gives up .spec.replicas
+    without changing it, the HPA (the kube-controller-manager's, below its minimum it needs no metrics) adds a
+    decode pod that really runs, the router finds it, and the conversation keeps reusing decode's KV."""
+    chat, counters = Chat(serving), Counters(serving)
+    decode = f"{SERVING}-decode"
+
+    def replica_owners() -> set[str]:
+        deploy = serving.json("-n", NAMESPACE, "get", "deployment", decode, "--show-managed-fields")
+        entries = deploy["metadata"].get("managedFields") or []
+        return {e["manager"] for e in entries if "f:replicas" in ((e.get("fieldsV1") or {}).get("f:spec") or {})}
+
+    patch = {"spec": {"decode": {"scaling": {"mode": "External"}}}}
+    serving.kubectl("-n", NAMESPACE, "patch", "dsv", SERVING, "--type=merge", "-p", json.dumps(patch))
+    wait_for(lambda: "duplex-operator" not in replica_owners(), 60, "the operator handing decode's replicas over")
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": decode, "namespace": NAMESPACE},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": decode},
+            "minReplicas": 2,
+            "maxReplicas": 2,
+            "metrics": [
+                {
+                    "type": "Resource",
+                    "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 90}},
+                }
+            ],
+        },
+    }
+    serving.kubectl("apply", "-f", "-", input=json.dumps(hpa))
+    try:
+        wait_for(lambda: len(counters.engines("decode")) == 2, 240, "two decode pods running and ready")
+        ips = {p["status"]["podIP"] for p in counters.engines("decode")}
+        wait_for(lambda: ips <= set(decode_endpoints(counters)), 60, "the router knowing both decode pods")
+        chat.turn()
+        hits = counters.router("duplex_router_kv_reuse_hits_total")
+        chat.turn()
+        chat.turn()
+        assert counters.router("duplex_router_kv_reuse_hits_total") == hits + 2
+        assert 'kv;desc="hit:' in chat.receipt
+        assert serving.json("-n", NAMESPACE, "get", "dsv", SERVING)["status"]["decode"]["replicas"] == 2
+    finally:
+        serving.kubectl("-n", NAMESPACE, "delete", "hpa", decode, "--ignore-not-found")
