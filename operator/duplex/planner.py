@@ -2,10 +2,11 @@
 (router/load.py, carried in their fabric reports). Pure: the pass's inputs and the previous decision in, the
 decision out, with its inputs for status.
 
-Each role is sized so that its saturation (legs in flight over what its engines run at once, summed over routers:
-each counts its own legs against the same engines) meets spec.autoscaling.targetSaturation, the way an HPA sizes on
-a utilization: ceil(replicas x saturation / target). While the time to first token misses its objective, prefill
-gets at least one pod more. The prefill-per-decode bounds raise the smaller role. Up at once; down only after the
+Each role is sized so that its saturation (legs in flight over what its engines run at once) would meet
+spec.autoscaling.targetSaturation: ceil(demand / target), where demand is the legs in flight in engines' worth,
+summed over routers (each counts its own legs). Demand does not depend on how many pods measured it, so a report
+taken before a scale-up does not scale again once the pods are there. While the time to first token misses its
+objective, prefill gets at least one pod more. The prefill-per-decode bounds raise the smaller role. Up at once; down only after the
 recommendation has stayed below the size for scaleDownSeconds, and then to the highest recommendation of that
 window. The last decision lives in status, so an operator restart carries on where it was.
 """
@@ -57,8 +58,9 @@ def plan(
     ttfts = [float(t) for load in loads if isinstance(t := load.get("ttft_p90"), (int, float))]
     ttft = max(ttfts) if ttfts else None
     current = {r: _current(serving, r, live.get(r)) for r in ROLES}
-    saturation = {r: _saturation(loads, r) for r in ROLES}
-    recommended = {r: _recommend(auto, _scaling(serving, r), current[r], saturation[r]) for r in roles}
+    saturation = {r: _summed(loads, r, "saturation") for r in ROLES}
+    demand = {r: _summed(loads, r, "demand") for r in ROLES}
+    recommended = {r: _recommend(auto, _scaling(serving, r), current[r], demand[r]) for r in roles}
     if "prefill" in roles and auto.ttft_p90_seconds is not None and ttft is not None and ttft > auto.ttft_p90_seconds:
         scaling = _scaling(serving, "prefill")
         recommended["prefill"] = min(max(recommended["prefill"], current["prefill"] + 1), scaling.max_replicas)
@@ -66,7 +68,8 @@ def plan(
     plans: dict[str, RolePlan] = {}
     for role in roles:
         before = getattr(previous, role, None) if previous is not None else None
-        plans[role] = _stabilize(auto, role, current[role], recommended[role], saturation[role], before, at)
+        measured = (demand[role], saturation[role])
+        plans[role] = _stabilize(auto, current[role], recommended[role], measured, before, at)
     changes = [(r, current[r], p.replicas) for r, p in plans.items() if p.replicas != current[r]]
     status = Autoscaling(
         at=at,
@@ -94,10 +97,10 @@ def _current(serving: Serving, role: str, live: Mapping[str, Any] | None) -> int
     return int(min(max(getattr(serving.spec, role).replicas, scaling.min_replicas), scaling.max_replicas))
 
 
-def _saturation(loads: Sequence[Mapping[str, Any]], role: str) -> float | None:
+def _summed(loads: Sequence[Mapping[str, Any]], role: str, name: str) -> float | None:
     values = []
     for load in loads:
-        value = (load.get(role) or {}).get("saturation")
+        value = (load.get(role) or {}).get(name)
         if value == "Inf":
             value = math.inf
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -105,13 +108,8 @@ def _saturation(loads: Sequence[Mapping[str, Any]], role: str) -> float | None:
     return sum(values) if values else None
 
 
-def _recommend(auto: AutoscalingSpec, scaling: ScalingSpec, current: int, saturation: float | None) -> int:
-    if saturation is None:
-        wanted = current
-    elif math.isinf(saturation):
-        wanted = max(current, 1) * 2
-    else:
-        wanted = math.ceil(max(current, 1) * saturation / auto.target_saturation - 1e-9)
+def _recommend(auto: AutoscalingSpec, scaling: ScalingSpec, current: int, demand: float | None) -> int:
+    wanted = current if demand is None else math.ceil(demand / auto.target_saturation - 1e-9)
     return int(min(max(wanted, scaling.min_replicas), scaling.max_replicas))
 
 
@@ -128,16 +126,16 @@ def _bound_ratio(serving: Serving, recommended: dict[str, int], current: Mapping
 
 def _stabilize(
     auto: AutoscalingSpec,
-    role: str,
     current: int,
     recommended: int,
-    saturation: float | None,
+    measured: tuple[float | None, float | None],
     before: RolePlan | None,
     at: str,
 ) -> RolePlan:
+    demand, saturation = measured
     sat = None if saturation is None or math.isinf(saturation) else round(saturation, 3)
-    common = {"recommended": recommended, "saturation": sat}
-    if saturation is None:
+    common = {"recommended": recommended, "saturation": sat, "demand": demand}
+    if demand is None:
         return RolePlan(replicas=current, reason="NoMeasurements", **common)
     if recommended >= current:
         reason = "ScaleUp" if recommended > current else "Hold"
@@ -168,7 +166,7 @@ def message(changes: Sequence[tuple[str, int, int]], status: Autoscaling) -> str
     parts = []
     for role, before, after in changes:
         plan_ = getattr(status, role)
-        sat = f"saturation {plan_.saturation}" if plan_.saturation is not None else "saturation unknown"
+        sat = f"demand {plan_.demand} engines, saturation {plan_.saturation}"
         parts.append(f"{role} {before} -> {after} ({plan_.reason}: {sat})")
     ttft = f"; TTFT p90 {status.ttft_p90_seconds:.2f} s" if status.ttft_p90_seconds is not None else ""
     prefix = "would scale (dry run): " if status.dry_run else ""

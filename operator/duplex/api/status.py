@@ -88,6 +88,7 @@ class RolePlan(_Status):
 
     replicas: int = Field(description="What the planner set (in dry run: what it would set).")
     recommended: int = Field(description="What the measurements alone ask for, within minReplicas..maxReplicas.")
+    demand: float | None = Field(None, description="Legs in flight in engines' worth, summed over routers.")
     saturation: float | None = Field(None, description="The routers' saturation of the role, summed over routers.")
     reason: str = Field(description="Why replicas is what it is: ScaleUp, ScaleDown, Hold, Waiting, NoMeasurements.")
     lower_since: str | None = Field(None, description="Since when the recommendation has stayed below the size.")

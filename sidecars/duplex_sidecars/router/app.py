@@ -93,6 +93,7 @@ class Router:
         # Each role's saturation and the TTFT p90 over the last minute, for the operator's planner (router/load.py).
         self.load = LoadWindow(
             self._saturation,
+            self._demand,
             lambda: histogram_buckets(self.metrics.ttft.metric.collect(), "duplex_router_time_to_first_token_seconds"),
         )
         # Live bindings per decode engine (by host:port), counted every BINDINGS_SECONDS: the fabric report carries them
@@ -107,9 +108,14 @@ class Router:
             self.metrics.saturation.labels(role).set_function(functools.partial(self._saturation, role))
             self.metrics.expected_wait.labels(role).set_function(pool.expected_wait)
 
+    def _slots(self, role: str) -> int | None:
+        return self.config.capacity.prefill_slots if role == PREFILL else self.config.capacity.decode_slots
+
     def _saturation(self, role: str) -> float:
-        slots = self.config.capacity.prefill_slots if role == PREFILL else self.config.capacity.decode_slots
-        return self.engines.pool(role).saturation(slots)
+        return self.engines.pool(role).saturation(self._slots(role))
+
+    def _demand(self, role: str) -> float:
+        return self.engines.pool(role).demand(self._slots(role))
 
     @property
     def config(self) -> RouterConfig:

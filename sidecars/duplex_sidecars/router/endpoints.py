@@ -168,6 +168,11 @@ class EnginePool:
             return math.inf if inflight else 0.0
         return inflight / (serving * slots)
 
+    def demand(self, slots: int | None) -> float:
+        """Legs in flight in engines' worth (`slots` each): how many engines the role's current load fills, whatever
+        their number. NaN without `slots`."""
+        return math.nan if slots is None else sum(e.inflight for e in self.engines.values()) / slots
+
     def expected_wait(self) -> float:
         """The compute ahead of a leg sent now to the least loaded serving engine (0 with none)."""
         now = time.monotonic()

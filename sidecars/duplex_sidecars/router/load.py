@@ -1,5 +1,6 @@
-"""What the operator's planner scales on (operator/duplex/planner.py): each role's saturation averaged over the last
-minute, and the time to first token's 90th percentile over the same minute, carried in the fabric report.
+"""What the operator's planner scales on (operator/duplex/planner.py): each role's demand (legs in flight, in
+engines' worth) and saturation averaged over the last minute, and the time to first token's 90th percentile over
+the same minute, carried in the fabric report.
 
 Nothing on the request path: saturation is sampled when the reporter checks (every few seconds), and TTFT comes from
 the duplex_router_time_to_first_token_seconds histogram's buckets, as differences between samples (the way
@@ -41,25 +42,28 @@ class LoadWindow:
     def __init__(
         self,
         saturation: Callable[[str], float],
+        demand: Callable[[str], float],
         ttft_buckets: Callable[[], list[tuple[float, float]]],
         window: float = WINDOW_SECONDS,
     ):
         self._saturation = saturation
+        self._demand = demand
         self._ttft_buckets = ttft_buckets
         self._window = window
-        self._samples: collections.deque[tuple[float, dict[str, float], list[tuple[float, float]]]] = (
-            collections.deque()
-        )
+        self._samples: collections.deque[
+            tuple[float, dict[str, float], dict[str, float], list[tuple[float, float]]]
+        ] = collections.deque()
 
     def sample(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        self._samples.append((now, {r: self._saturation(r) for r in ROLES}, self._ttft_buckets()))
+        saturation = {r: self._saturation(r) for r in ROLES}
+        self._samples.append((now, saturation, {r: self._demand(r) for r in ROLES}, self._ttft_buckets()))
         while self._samples and now - self._samples[0][0] > self._window:
             self._samples.popleft()
 
     def summary(self) -> dict[str, Any] | None:
-        """{"seconds", "prefill": {"saturation", "peak"}, "decode": {...}, "turns", "ttft_p90"}; None before two
-        samples. A role whose saturation is unknown (its slots are not configured) has none."""
+        """{"seconds", "prefill": {"demand", "saturation", "peak"}, "decode": {...}, "turns", "ttft_p90"}; None
+        before two samples. A role whose slots are not configured has none."""
         if len(self._samples) < 2:
             return None
         first, last = self._samples[0], self._samples[-1]
@@ -70,8 +74,13 @@ class LoadWindow:
                 finite = [v for v in values if not math.isinf(v)]
                 peak = max(values)
                 mean = sum(finite) / len(finite) if finite else peak
-                out[role] = {"saturation": _round(mean), "peak": _round(peak)}
-        delta = _delta(first[2], last[2])
+                demand = [s[2][role] for s in self._samples if not math.isnan(s[2][role])]
+                out[role] = {
+                    "demand": round(sum(demand) / len(demand), 3) if demand else None,
+                    "saturation": _round(mean),
+                    "peak": _round(peak),
+                }
+        delta = _delta(first[3], last[3])
         out["turns"] = int(delta[-1][1]) if delta else 0
         p90 = quantile(0.9, delta)
         out["ttft_p90"] = None if p90 is None else round(p90, 3)

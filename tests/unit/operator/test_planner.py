@@ -27,8 +27,9 @@ def live(prefill: int, decode: int) -> dict[str, Any]:
     return {"prefill": {"spec": {"replicas": prefill}}, "decode": {"spec": {"replicas": decode}}}
 
 
-def report(at: str = T1, ttft: float | None = None, **saturation: float) -> tuple[str, dict[str, Any]]:
-    load = {role: {"saturation": value, "peak": value} for role, value in saturation.items()}
+def report(at: str = T1, ttft: float | None = None, **demand: float) -> tuple[str, dict[str, Any]]:
+    """A router's load: each role's demand (legs in flight in engines' worth; saturation beside it for status)."""
+    load = {role: {"demand": value, "saturation": value / 2, "peak": value} for role, value in demand.items()}
     return ("router-0", {"at": at, "load": {**load, "turns": 10, "ttft_p90": ttft}})
 
 
@@ -36,20 +37,28 @@ def test_no_automatic_role_no_plan() -> None:
     assert plan(parse(parent()), live(1, 1), [report(prefill=3.0)], None, T1) is None
 
 
-def test_each_role_is_sized_to_the_target_saturation_summed_over_routers() -> None:
-    two_routers = [report(prefill=0.3, decode=0.9), ("router-1", report(prefill=0.3, decode=0.6)[1])]
+def test_each_role_is_sized_to_the_target_saturation_from_its_demand_summed_over_routers() -> None:
+    two_routers = [report(prefill=0.6, decode=1.5), ("router-1", report(prefill=0.6, decode=1.5)[1])]
     decision = plan(serving(), live(2, 2), two_routers, None, T1)
     assert decision is not None
-    # decode: 2 x 1.5 / 0.75 = 4; prefill: 2 x 0.6 / 0.75 = 1.6 -> 2
+    # decode: 3 engines' worth of legs / 0.75 = 4; prefill: 1.2 / 0.75 = 1.6 -> 2
     assert decision.replicas == {"prefill": 2, "decode": 4}
     assert decision.status.decode is not None and decision.status.decode.reason == "ScaleUp"
+    assert decision.status.decode.demand == 3.0 and decision.status.decode.saturation == 1.5
     assert decision.status.prefill is not None and decision.status.prefill.reason == "Hold"
     assert decision.changes == [("decode", 2, 4)] and decision.status.routers == 2
 
 
-def test_bounds_unknown_saturation_and_stale_reports() -> None:
+def test_a_report_from_before_a_scale_up_does_not_scale_again() -> None:
+    first = plan(serving(), live(1, 1), [report(decode=1.5)], None, T1)
+    assert first.replicas["decode"] == 2
+    again = plan(serving(), live(1, 2), [report(decode=1.5)], first.status, T1)  # the same report, 2 pods now
+    assert again.replicas["decode"] == 2 and again.status.decode.reason == "Hold"
+
+
+def test_bounds_unknown_demand_and_stale_reports() -> None:
     assert plan(serving(), live(2, 2), [report(decode=20.0)], None, T1).replicas["decode"] == 10  # maxReplicas
-    assert plan(serving(), live(2, 2), [report(decode="Inf")], None, T1).replicas["decode"] == 4  # doubles
+    assert plan(serving(), live(2, 2), [report(decode=0.0)], None, T2).status.decode.recommended == 1  # minReplicas
     unknown = plan(serving(), live(2, 3), [report()], None, T1)
     assert unknown.replicas == {"prefill": 2, "decode": 3} and unknown.status.decode.reason == "NoMeasurements"
     stale = plan(serving(), live(2, 3), [report(at="2026-01-01T00:00:00Z", decode=5.0)], None, T1)
@@ -60,8 +69,8 @@ def test_bounds_unknown_saturation_and_stale_reports() -> None:
 
 def test_prefill_grows_while_ttft_misses_its_objective() -> None:
     slow = serving({"autoscaling": {"ttftP90Seconds": 2.0}})
-    assert plan(slow, live(2, 2), [report(ttft=3.5, prefill=0.2, decode=0.75)], None, T1).replicas["prefill"] == 3
-    met = plan(slow, live(2, 2), [report(ttft=1.5, prefill=0.2, decode=0.75)], None, T1)
+    assert plan(slow, live(2, 2), [report(ttft=3.5, prefill=0.4, decode=1.5)], None, T1).replicas["prefill"] == 3
+    met = plan(slow, live(2, 2), [report(ttft=1.5, prefill=0.4, decode=1.5)], None, T1)
     assert met.status.prefill.recommended == 1 and met.status.prefill.reason == "Waiting"  # down only later
 
 
@@ -75,20 +84,20 @@ def test_the_prefill_per_decode_bounds_raise_the_smaller_role() -> None:
 
 def test_down_only_after_the_window_and_to_its_highest_recommendation() -> None:
     s = serving()
-    first = plan(s, live(4, 4), [report(decode=0.3)], None, T1)  # 4 x 0.3 / 0.75 = 1.6 -> 2
+    first = plan(s, live(4, 4), [report(decode=1.2)], None, T1)  # 1.2 / 0.75 = 1.6 -> 2
     assert first.replicas["decode"] == 4 and first.status.decode.reason == "Waiting"
     assert first.status.decode.lower_since == T1 and first.status.decode.lower_peak == 2
-    second = plan(s, live(4, 4), [report(at=T2, decode=0.5)], first.status, T2)  # recommends 3
+    second = plan(s, live(4, 4), [report(at=T2, decode=2.0)], first.status, T2)  # recommends 3
     assert second.replicas["decode"] == 4 and second.status.decode.lower_peak == 3
-    third = plan(s, live(4, 4), [report(at=T3, decode=0.1)], second.status, T3)  # the window has passed
+    third = plan(s, live(4, 4), [report(at=T3, decode=0.3)], second.status, T3)  # the window has passed
     assert third.replicas["decode"] == 3 and third.status.decode.reason == "ScaleDown"
-    back_up = plan(s, live(4, 4), [report(at=T2, decode=0.75)], first.status, T2)  # a Hold resets the window
+    back_up = plan(s, live(4, 4), [report(at=T2, decode=3.0)], first.status, T2)  # a Hold resets the window
     assert back_up.status.decode.reason == "Hold" and back_up.status.decode.lower_since is None
 
 
 def test_an_unchanged_decision_keeps_its_time_so_status_is_not_rewritten() -> None:
-    first = plan(serving(), live(2, 2), [report(decode=0.75)], None, T1)
-    again = plan(serving(), live(2, 2), [report(at=T2, decode=0.75)], first.status, T2)
+    first = plan(serving(), live(2, 2), [report(decode=1.5)], None, T1)
+    again = plan(serving(), live(2, 2), [report(at=T2, decode=1.5)], first.status, T2)
     assert again.status.at == T1
 
 
@@ -106,7 +115,7 @@ def test_sync_scales_the_deployment_says_why_and_a_dry_run_scales_nothing() -> N
     (deploy,) = [o for o in result.apply if o["metadata"]["name"] == "demo-decode"]
     assert deploy["spec"]["replicas"] == 2
     (event,) = [e for e in result.events if e.reason == "Autoscaled"]
-    assert event.message.startswith("decode 1 -> 2 (ScaleUp: saturation 1.5)")
+    assert event.message.startswith("decode 1 -> 2 (ScaleUp: demand 1.5 engines, saturation 0.75)")
     assert result.status.autoscaling is not None and result.status.autoscaling.decode.replicas == 2
 
     dry = parent({"decode": copy.deepcopy(AUTO), "autoscaling": {"dryRun": True}})

@@ -25,6 +25,7 @@ def test_the_window_averages_saturation_and_reads_ttft_over_its_own_minute() -> 
     saturation = {"prefill": 0.5, "decode": math.nan}
     window = LoadWindow(
         lambda role: saturation[role],
+        lambda role: 2 * saturation[role],  # two engines' worth of legs per unit of saturation
         lambda: histogram_buckets(metrics.ttft.metric.collect(), "duplex_router_time_to_first_token_seconds"),
     )
     metrics.ttft.labels("chat", "false", "miss").observe(30.0)  # before the window: not counted
@@ -36,13 +37,13 @@ def test_the_window_averages_saturation_and_reads_ttft_over_its_own_minute() -> 
     window.sample(now=30.0)
     summary = window.summary()
     assert summary is not None
-    assert summary["prefill"] == {"saturation": 1.0, "peak": 1.5}
+    assert summary["prefill"] == {"demand": 2.0, "saturation": 1.0, "peak": 1.5}
     assert "decode" not in summary  # slots unknown: no saturation
     assert summary["turns"] == 5 and 2.5 <= summary["ttft_p90"] <= 5.0
     window.sample(now=70.0)  # the first sample ages out
     assert window.summary() == {
         "seconds": 40.0,
-        "prefill": {"saturation": 1.5, "peak": 1.5},
+        "prefill": {"demand": 3.0, "saturation": 1.5, "peak": 1.5},
         "turns": 0,
         "ttft_p90": None,
     }
