@@ -63,7 +63,7 @@ def plan(
     recommended = {r: _recommend(auto, _scaling(serving, r), current[r], demand[r]) for r in roles}
     if "prefill" in roles and auto.ttft_p90_seconds is not None and ttft is not None and ttft > auto.ttft_p90_seconds:
         scaling = _scaling(serving, "prefill")
-        recommended["prefill"] = min(max(recommended["prefill"], current["prefill"] + 1), scaling.max_replicas)
+        recommended["prefill"] = scaling.bound(max(recommended["prefill"], current["prefill"] + 1))
     _bound_ratio(serving, recommended, current)
     plans: dict[str, RolePlan] = {}
     for role in roles:
@@ -93,8 +93,7 @@ def _current(serving: Serving, role: str, live: Mapping[str, Any] | None) -> int
     replicas = ((live or {}).get("spec") or {}).get("replicas")
     if isinstance(replicas, int):
         return replicas
-    scaling = _scaling(serving, role)
-    return int(min(max(getattr(serving.spec, role).replicas, scaling.min_replicas), scaling.max_replicas))
+    return int(getattr(serving.spec, role).starting_replicas())
 
 
 def _summed(loads: Sequence[Mapping[str, Any]], role: str, name: str) -> float | None:
@@ -110,7 +109,7 @@ def _summed(loads: Sequence[Mapping[str, Any]], role: str, name: str) -> float |
 
 def _recommend(auto: AutoscalingSpec, scaling: ScalingSpec, current: int, demand: float | None) -> int:
     wanted = current if demand is None else math.ceil(demand / auto.target_saturation - 1e-9)
-    return int(min(max(wanted, scaling.min_replicas), scaling.max_replicas))
+    return scaling.bound(wanted)
 
 
 def _bound_ratio(serving: Serving, recommended: dict[str, int], current: Mapping[str, int]) -> None:
@@ -119,9 +118,9 @@ def _bound_ratio(serving: Serving, recommended: dict[str, int], current: Mapping
     prefill = recommended.get("prefill", current["prefill"])
     decode = recommended.get("decode", current["decode"])
     if ratio.min is not None and "prefill" in recommended and prefill < ratio.min * decode:
-        recommended["prefill"] = min(math.ceil(ratio.min * decode - 1e-9), _scaling(serving, "prefill").max_replicas)
+        recommended["prefill"] = _scaling(serving, "prefill").bound(math.ceil(ratio.min * decode - 1e-9))
     if ratio.max is not None and "decode" in recommended and prefill > ratio.max * decode:
-        recommended["decode"] = min(math.ceil(prefill / ratio.max - 1e-9), _scaling(serving, "decode").max_replicas)
+        recommended["decode"] = _scaling(serving, "decode").bound(math.ceil(prefill / ratio.max - 1e-9))
 
 
 def _stabilize(

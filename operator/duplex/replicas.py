@@ -31,15 +31,19 @@ class Handover:
     before_apply: bool
 
 
+def mode(serving: Serving, role: str) -> str:
+    return str(getattr(serving.spec, role).scaling.mode)
+
+
 def external(serving: Serving, role: str) -> bool:
-    return bool(getattr(serving.spec, role).scaling.mode == "External")
+    return mode(serving, role) == "External"
 
 
 def desired(serving: Serving, role: str, live: Mapping[str, Any] | None) -> int:
     """The role's size as its writer wants it: the spec's, or in External and Automatic mode the live Deployment's
     (the planner's last decision is in it)."""
     spec_replicas = int(getattr(serving.spec, role).replicas)
-    if getattr(serving.spec, role).scaling.mode != "Fixed" and live is not None:
+    if mode(serving, role) != "Fixed" and live is not None:
         return int((live.get("spec") or {}).get("replicas", spec_replicas))
     return spec_replicas
 
@@ -73,7 +77,7 @@ def overwritten(
     out = []
     for role in ROLES:
         current = live.get(role)
-        if getattr(serving.spec, role).scaling.mode != "Fixed" or current is None:
+        if mode(serving, role) != "Fixed" or current is None:
             continue
         mine = applied.get(current["metadata"]["name"])
         stamped = (current["metadata"].get("annotations") or {}).get(APPLIED_HASH)

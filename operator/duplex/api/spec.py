@@ -222,6 +222,10 @@ class ScalingSpec(Model):
     min_replicas: int = Field(1, ge=0, le=1000, description="Automatic: the fewest pods the planner keeps.")
     max_replicas: int = Field(8, ge=1, le=1000, description="Automatic: the most pods the planner asks for.")
 
+    def bound(self, replicas: int) -> int:
+        """`replicas` within minReplicas..maxReplicas."""
+        return min(max(replicas, self.min_replicas), self.max_replicas)
+
 
 class RatioSpec(Model):
     RULES = (
@@ -276,6 +280,11 @@ class RoleSpec(Model):
         description="Engine pods of this role. With scaling.mode External: the size the role starts at.",
     )
     scaling: ScalingSpec = Field(default_factory=ScalingSpec, description="Who writes this role's replicas.")
+
+    def starting_replicas(self) -> int:
+        """The size the role's Deployment is created with: `replicas`, within the planner's bounds when Automatic."""
+        return self.scaling.bound(self.replicas) if self.scaling.mode == "Automatic" else self.replicas
+
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="vLLM --tensor-parallel-size.")
     accelerator: Accelerator = Field(default_factory=Accelerator, description="Accelerator resource per pod.")
     cpu: Quantity | None = Field(None, description="CPU request and limit per pod.")

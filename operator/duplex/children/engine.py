@@ -164,9 +164,7 @@ def engine_deployment(
     mode = role.spec.scaling.mode
     replicas = {} if mode == "External" else {"replicas": role.spec.replicas}
     if mode == "Automatic":
-        scaling = role.spec.scaling
-        start = min(max(role.spec.replicas, scaling.min_replicas), scaling.max_replicas)
-        replicas = {"replicas": planned if planned is not None else start}
+        replicas = {"replicas": planned if planned is not None else role.spec.starting_replicas()}
     return DEPLOYMENT.manifest(
         {"name": child_name(serving, role.name), "namespace": namespace, "labels": meta_labels},
         spec={
