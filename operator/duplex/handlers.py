@@ -166,7 +166,11 @@ async def engine_pods(body: kopf.Body, meta: kopf.Meta, **_: Any) -> dict[str, d
         return None
     kept = {k: meta[k] for k in ("name", "namespace", "labels", "deletionTimestamp") if meta.get(k)}
     observed = body.get("status") or {}
-    status = {"initContainerStatuses": copy.deepcopy(list(observed.get("initContainerStatuses") or []))}
+    status: dict[str, Any] = {
+        "initContainerStatuses": copy.deepcopy(list(observed.get("initContainerStatuses") or [])),
+        # readiness and the KV-revision gate (lockstep.py)
+        "conditions": [{"type": c.get("type"), "status": c.get("status")} for c in observed.get("conditions") or []],
+    }
     if observed.get("podIP"):
         status["podIP"] = observed["podIP"]
     return {where: {"apiVersion": "v1", "kind": POD.kind, "metadata": kept, "status": status}}

@@ -137,6 +137,18 @@ class Kube:
             if err.failure is not Failure.NOT_FOUND:
                 raise
 
+    def patch_pod_status(self, pod: dict[str, Any]) -> None:
+        """Strategic-merge a pod's status conditions (merged by type: lockstep.py's readiness gate). A pod already
+        gone is fine."""
+        meta = pod["metadata"]
+        path = object_path(POD, meta["namespace"], meta["name"]) + "/status"
+        try:
+            body = {"status": pod["status"]}
+            self._request("PATCH", path, body=body, content_type="application/strategic-merge-patch+json")
+        except ApiError as err:
+            if err.failure is not Failure.NOT_FOUND:
+                raise
+
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
         """Merge-patch the parent's status; the parent as stored, or None if it is gone."""
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"

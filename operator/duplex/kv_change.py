@@ -103,7 +103,7 @@ def kv_identity(template: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def _tp(template: Mapping[str, Any]) -> int:
+def tensor_parallel(template: Mapping[str, Any]) -> int:
     flags = _flags([str(a) for a in (_container(template).get("args") or [])[1:]])
     value = next((flags[f] for f in TP_FLAGS if f in flags), "1")
     return int(value) if value.isdigit() else 1
@@ -133,8 +133,8 @@ def classify(
     after = complete if complete is not None else desired
     if not decode_tp_below:
         # During the roll any old or new prefill may meet any old or new decode: each pair must be one vLLM serves.
-        prefills = {_tp(t) for t in (live.get("prefill"), after.get("prefill")) if t is not None}
-        decodes = {_tp(t) for t in (live.get("decode"), after.get("decode")) if t is not None}
+        prefills = {tensor_parallel(t) for t in (live.get("prefill"), after.get("prefill")) if t is not None}
+        decodes = {tensor_parallel(t) for t in (live.get("decode"), after.get("decode")) if t is not None}
         if any(d < p for p in prefills for d in decodes):
             fields.add("tensorParallelSize")
     return EngineChange("Incompatible" if fields else "Compatible", rolling, tuple(sorted(fields)))

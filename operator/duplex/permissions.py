@@ -22,6 +22,8 @@ def required() -> set[Permission]:
     # The parent: kopf lists and watches it, and patches it only to take off the finalizer earlier versions left.
     out |= _all(GROUP, PLURAL, "list", "watch", "patch")
     out |= _all(GROUP, f"{PLURAL}/status", "patch")
+    # The KV-revision readiness gate on engine pods (lockstep.py).
+    out |= _all("", "pods/status", "patch")
     # Events on the parent, ours and kopf's, are core/v1 Events.
     out |= _all("", "events", "create")
     # kopf follows CRDs (to notice its resources change) and, when told which namespaces to serve, namespaces.

@@ -68,6 +68,9 @@ def _reconcile(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Mapping
     for pod in result.annotate:  # before the Deployment whose scale-in reads them
         kube.annotate_pod(pod)
         metrics.WRITES.labels("annotate", "Pod").inc()
+    for pod in result.gates:  # the new KV revision's pods whose turn to be Ready has come (duplex.lockstep)
+        kube.patch_pod_status(pod)
+        metrics.WRITES.labels("gate", "Pod").inc()
     handovers = {key(h.deployment): h for h in result.handover}
     for obj in result.apply:
         handover = handovers.get(key(obj))

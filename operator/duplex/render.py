@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from duplex import revision
 from duplex.api.meta import API_VERSION, KIND
 from duplex.api.naming import NAME_RULE
 from duplex.api.rules import RuleViolation
@@ -101,12 +102,14 @@ def desired_children(
     key_uid: str | None = None,
     auto_threshold: int | None = None,
     planned: Mapping[str, int] | None = None,
+    legacy: bool = False,
 ) -> list[dict[str, Any]]:
     """Every object the operator applies for this serving, in apply order (RBAC and config before workloads).
     Not the engine key Secret: the operator creates that once, with a random key (key_secret); `key_uid`, the uid of
     the Secret as it exists, is stamped on the workloads' pod templates (a `duplex render` preview has none).
     `auto_threshold`: with recomputeThreshold: Auto, the router's threshold as measured (a preview has the initial).
-    `planned`: the replicas the planner set for roles in scaling.mode Automatic (a preview has their start)."""
+    `planned`: the replicas the planner set for roles in scaling.mode Automatic (a preview has their start).
+    The engine pods are stamped with their KV revision, unless `legacy` (duplex.revision)."""
     spec, name, ns = serving.spec, serving.name, serving.namespace
     objs: list[dict[str, Any]] = [
         *router_rbac(name, ns),
@@ -122,7 +125,7 @@ def desired_children(
     for role in ROLES:
         objs.append(engine_deployment(spec, name, ns, role, key_uid, (planned or {}).get(role)))
     objs.append(router_deployment(spec, name, ns, key_uid))
-    return objs
+    return revision.stamp(objs, legacy)
 
 
 def key_secret(serving: Serving) -> dict[str, Any]:

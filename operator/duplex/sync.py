@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from duplex import auto_threshold, kv_change, planner, replicas, scale_in
+from duplex import auto_threshold, kv_change, lockstep, planner, replicas, revision, scale_in
 from duplex import status as status_of
 from duplex.api.status import DisaggregatedServingStatus, EngineChange
 from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, POD, SECRET, apply_rank, kind_of
@@ -42,6 +42,8 @@ class SyncResult:
     delete: list[dict[str, Any]] = field(default_factory=list)  # observed children, in delete order
     # Pods' annotation patches, written before `apply`: on a decode scale-in, the deletion cost of each decode pod.
     annotate: list[dict[str, Any]] = field(default_factory=list)
+    # Pods' status patches: the KV-revision readiness gates whose turn has come (duplex.lockstep).
+    gates: list[dict[str, Any]] = field(default_factory=list)
     # `replicas` of the Deployments of External roles, handed over to another field manager (duplex.replicas).
     handover: list[replicas.Handover] = field(default_factory=list)
     # Missing children to create once and never change (the engine key Secret, without its key: the shell adds it).
@@ -90,7 +92,10 @@ def sync(
     live = _deployments(serving, observed)
     reports = status_of.fresh_reports(fabric, at)
     planned = planner.plan(serving, live, reports, last.autoscaling if last else None, at)
-    children = desired_children(serving, key_uid, threshold, planned.replicas if planned else None)
+    sizes = planned.replicas if planned else None
+    children = desired_children(serving, key_uid, threshold, sizes)
+    if revision.predates(live, children, serving.spec.kv_transfer.allow_decode_tp_below_prefill):
+        children = desired_children(serving, key_uid, threshold, sizes, legacy=True)
     desired = [with_owner(child, dict(parent)) for child in children]
 
     # 3. What must change: children missing or drifted get applied, children of ours no longer desired are deleted;
@@ -112,6 +117,7 @@ def sync(
     lowered = isinstance(live_decode, int) and target < live_decode
     scaling_in = replicas.external(serving, "decode") or lowered
     annotate = scale_in.deletion_costs(serving.name, scaling_in, pods, reports)
+    gates = lockstep.gate_patches(serving.name, *_revision_sizes(desired, live), pods, at)
     names = status_of.deployment_names(serving)
     handover = replicas.handovers(serving, names, live, to_apply)
     if planned is not None:
@@ -146,12 +152,29 @@ def sync(
         apply=to_apply,
         delete=to_delete,
         annotate=annotate,
+        gates=gates,
         handover=handover,
         create=to_create,
         status=new,
         write_status=write,
         events=events,
     )
+
+
+def _revision_sizes(
+    desired: Sequence[Mapping[str, Any]], live: Mapping[str, Mapping[str, Any] | None]
+) -> tuple[str, dict[str, int]]:
+    """The desired KV revision and each engine role's replicas: the live Deployment's (an autoscaler may own them),
+    else the desired one's."""
+    rev, sizes = "", {}
+    for obj in desired:
+        role = ((obj.get("metadata") or {}).get("labels") or {}).get("duplex.dev/role")
+        if kind_of(dict(obj)) is not DEPLOYMENT or role not in revision.ENGINE_ROLES:
+            continue
+        rev = revision.of_template(obj["spec"]["template"]) or ""
+        size = ((live.get(role) or {}).get("spec") or {}).get("replicas", obj["spec"].get("replicas", 1))
+        sizes[role] = size if isinstance(size, int) else 1
+    return rev, sizes
 
 
 def _new_decision(last: DisaggregatedServingStatus | None, planned: planner.Plan) -> bool:

@@ -8,6 +8,9 @@ MANAGED_BY = "duplex"
 SERVING_LABEL = "duplex.dev/serving"
 ROLE_LABEL = "duplex.dev/role"
 ENGINE_HASH_ANNOTATION = "duplex.dev/engine-config-hash"
+# The KV revision of an engine pod (duplex/revision.py): on its labels, in its environment (the engine advertises it
+# to the router as a response header), on the role Services (the revision new turns go to).
+KV_REVISION_LABEL = "duplex.dev/kv-revision"
 HTTP_PORT = 8000
 ADMIN_PORT = 9090  # the router's /metrics and /ready detail: not in its Service, fenced to metrics namespaces
 

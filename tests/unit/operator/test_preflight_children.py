@@ -33,8 +33,8 @@ def test_with_efa_the_preflight_runs_in_the_engine_image_with_the_engines_device
     assert check["command"] == ["python3", "-m", "duplex_sidecars.preflight", "--backend", "LIBFABRIC",
                                 "--efa-devices", "16", "--hugepages", "5120Mi"]  # fmt: skip
     assert check["securityContext"] == engine["securityContext"]  # IPC_LOCK as the engine has it
-    # the engine's env, with the package's PYTHONPATH in place of the engine guard's
-    assert check["env"][:-1] == [e for e in engine["env"] if e["name"] != "PYTHONPATH"]
+    # the engine's env, with the package's PYTHONPATH in place of the engine guard's; the revision is the engine's own
+    assert check["env"][:-1] == [e for e in engine["env"] if e["name"] not in ("PYTHONPATH", "DUPLEX_KV_REVISION")]
     assert (
         check["env"][-1] == {"name": "PYTHONPATH", "value": "/opt/duplex-preflight"} != engine_env(engine)["PYTHONPATH"]
     )
