@@ -48,6 +48,13 @@ PREFILL_DROPPED_FIELDS: tuple[str, ...] = ("stream_options", "min_tokens", "min_
 
 KV_PARAMS_FIELD = "kv_transfer_params"
 
+# The KV revision an engine runs (the operator's, 8 lowercase hex characters): the engine reads it from KV_REVISION_ENV
+# and sends it on its answers in KV_REVISION_HEADER; the router pairs prefill and decode of one revision only, since
+# NIXL refuses (or misreads) blocks of another. The engine guard (operator/duplex/children/duplex_engine_guard.py)
+# repeats both names: it runs inside vLLM with the standard library only.
+KV_REVISION_HEADER = "X-Duplex-KV-Revision"
+KV_REVISION_ENV = "DUPLEX_KV_REVISION"
+
 
 def miss_params() -> dict[str, Any]:
     """A fresh copy of the miss payload."""

@@ -5,6 +5,9 @@ vLLM's own `--api-key` (VLLM_API_KEY) guards /v1, /v2, /inference and /cohere on
 and the rest answer anyone who reaches port 8000, such as a scraper's namespace that the engines' NetworkPolicy lets
 in for /metrics. Here every other path needs `Authorization: Bearer <VLLM_API_KEY>`, which only the router holds.
 
+It also names the engine's KV revision (DUPLEX_KV_REVISION, set by the operator) on every answer, in the
+X-Duplex-KV-Revision header: the router's health probe reads it and pairs prefill and decode of one revision only.
+
 Standard library only: it runs inside the engine image's Python, beside whatever vLLM brings.
 """
 
@@ -24,6 +27,10 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 # What the kubelet's probes and a Prometheus scraper need, and nothing else.
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 KEY_ENV = "VLLM_API_KEY"
+# The names of sidecars/duplex_sidecars/protocol.py (KV_REVISION_ENV, KV_REVISION_HEADER), which this module cannot
+# import.
+REVISION_ENV = "DUPLEX_KV_REVISION"
+REVISION_HEADER = "X-Duplex-KV-Revision"
 _REFUSED = b'{"error":"Unauthorized"}'
 
 
@@ -31,17 +38,32 @@ def is_open(path: str) -> bool:
     return path in OPEN_PATHS or path.startswith("/metrics/")
 
 
+def with_header(send: Send, name: bytes, value: bytes) -> Send:
+    """`send`, adding the header to the response's head."""
+
+    async def stamped(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), (name, value)]}
+        await send(message)
+
+    return stamped
+
+
 class EngineKeyGuard:
     """Refuses (401) an HTTP request without the engine key, except on OPEN_PATHS, and a websocket without it. Without
-    a key in the environment it guards nothing, as vLLM's own --api-key does."""
+    a key in the environment it guards nothing, as vLLM's own --api-key does. Every HTTP answer, a refusal too, names
+    the KV revision when the environment has one."""
 
     def __init__(self, app: App):
         self.app = app
         key = os.environ.get(KEY_ENV, "")
         self.expected = f"Bearer {key}".encode() if key else None
+        self.revision = os.environ.get(REVISION_ENV, "").strip().encode() or None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
+        if kind == "http" and self.revision is not None:
+            send = with_header(send, REVISION_HEADER.lower().encode(), self.revision)
         path = scope.get("path", "").removeprefix(scope.get("root_path", ""))
         if kind not in ("http", "websocket") or self.expected is None or (kind == "http" and is_open(path)):
             await self.app(scope, receive, send)

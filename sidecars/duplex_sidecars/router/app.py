@@ -25,7 +25,7 @@ from duplex_sidecars.router.canary import Canary
 from duplex_sidecars.router.client_auth import presented_key
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.config_file import ConfigError, ConfigSource
-from duplex_sidecars.router.endpoints import DECODE, PREFILL, Engines, HealthProber, normalize_url
+from duplex_sidecars.router.endpoints import DECODE, PREFILL, Engine, Engines, HealthProber, normalize_url
 from duplex_sidecars.router.endpointslices import EndpointSliceWatcher
 from duplex_sidecars.router.errors import (
     RouterError,
@@ -231,9 +231,11 @@ class Router:
 
     # ---- endpoints -----------------------------------------------------------------------------------------------
 
-    def _on_discovered(self, role: str, urls: list[str], draining: Sequence[str] = ()) -> None:
+    def _on_discovered(
+        self, role: str, urls: list[str], draining: Sequence[str] = (), desired: str | None = None
+    ) -> None:
         before = set(self.engines.pool(role).engines)
-        self.engines.set_role(role, urls, draining)
+        self.engines.set_role(role, urls, draining, desired)
         if self.prober is not None and set(urls) - before:
             self.prober.poke()
 
@@ -437,12 +439,14 @@ async def _ready_bare(router: Router, request: Request) -> None:
 
 
 async def _ready(router: Router, request: Request) -> None:
-    """/ready for operators: engines and their URLs, store, fabric, canary, calibration, placement rates."""
+    """/ready for operators: engines and their URLs and KV revisions, store, fabric, canary, calibration, placement
+    rates."""
     ready = router.engines.ready()
     now = router.live
     body = {
         "ready": ready,
         **router.engines.describe(),
+        "kv_revision": {"target": router.engines.target_revision(), "desired": dict(router.engines.desired)},
         "store": router.store.health(),
         "fabric": router.fabric.describe() if router.fabric is not None else None,
         "canary": router.canary.verdict() if router.canary is not None else None,
@@ -459,7 +463,9 @@ async def _drain(router: Router, request: Request) -> None:
     """What a decode pod's preStop hook waits on (operator/duplex/children/duplex_drain.py): whether this router sees
     the engine at `?endpoint=` as draining, the live bindings and legs it still holds, and with `&active=<seconds>`
     the bindings stored within that many seconds: the conversations still going (older ones are taken as finished).
-    Engines prove themselves with the engine key when the router has one."""
+    An engine of a KV revision that new requests no longer go to is `retired`: no prefill engine of its revision takes
+    new work, so none reads its bindings again, and it holds none. Engines prove themselves with the engine key when
+    the router has one."""
     key = router.live.deps.engine_api_key
     presented = presented_key(request.headers.get("authorization"), None) or ""
     if key and not hmac.compare_digest(presented.encode(), key.encode()):
@@ -489,6 +495,13 @@ async def _drain(router: Router, request: Request) -> None:
         "draining": bool(engine and engine.draining),
         "inflight": engine.inflight if engine is not None else 0,
     }
+    retired = retired_revision(router.engines, engine)
+    if retired is not None:
+        body.update(held=0, revision=retired, retired=True)
+        if active is not None:
+            body["active"] = 0
+        request.respond(200, json.dumps(body).encode())
+        return
     try:
         body["held"] = await router.store.held(url)
         if active is not None:
@@ -497,6 +510,14 @@ async def _drain(router: Router, request: Request) -> None:
         router.metrics.store_errors.labels("held").inc()
         body["held"] = body["active"] = None  # unknown: the hook keeps waiting
     request.respond(200, json.dumps(body).encode())
+
+
+def retired_revision(engines: Engines, engine: Engine | None) -> str | None:
+    """The decode engine's KV revision when it is known and not the one new requests go to (None otherwise)."""
+    target = engines.target_revision()
+    if engine is None or engine.revision is None or target is None or engine.revision == target:
+        return None
+    return engine.revision
 
 
 async def _metrics(router: Router, request: Request) -> None:

@@ -183,9 +183,11 @@ class Canary:
 
     def _healthy(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         engines = self._deps().engines
+        revision = engines.target_revision()  # during a rollout: the pairs of the revision turns go to
 
         def healthy(role: str) -> tuple[str, ...]:
-            return tuple(sorted(e.url for e in engines.pool(role).engines.values() if e.healthy))
+            pool = engines.pool(role).engines.values()
+            return tuple(sorted(e.url for e in pool if e.healthy and revision in (None, e.revision)))
 
         return healthy(PREFILL), healthy(DECODE)
 

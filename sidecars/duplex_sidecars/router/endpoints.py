@@ -1,11 +1,17 @@
 """The engines the router may send legs to: one pool per role, with in-flight counts, health and the choice of engine.
 
-Sources (static URLs, EndpointSlices) only ever call `Engines.set_role(role, urls, draining)`; everything that depends
-on the endpoint set changing (dropping store entries of a departed decode engine, metrics) hangs off that one call.
+Sources (static URLs, EndpointSlices) only ever call `Engines.set_role(role, urls, draining, desired)`; everything that
+depends on the endpoint set changing (dropping store entries of a departed decode engine, metrics) hangs off that one
+call.
 
 A draining decode engine (its pod is terminating and waits in its preStop hook, docs/architecture.md "Draining")
 stays in the pool: the next turn of a conversation bound to it still reads its blocks, but the picker gives it no new
 decode leg, so the conversation binds elsewhere and the pod's hold ends.
+
+During a KV-incompatible rollout the engines of two KV revisions serve side by side, and a prefill engine's blocks can
+only be read by a decode engine of its own revision (and back). Each engine names its revision on its health answers
+(protocol.KV_REVISION_HEADER); `Engines.target_revision` says which revision new requests go to, and a request keeps
+to that one revision for both its legs.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any
 
 import aiohttp
 
+from duplex_sidecars.protocol import KV_REVISION_HEADER
 from duplex_sidecars.router.metrics import RouterMetrics
 from duplex_sidecars.router.periodic import Periodic
 
@@ -50,6 +57,9 @@ class Engine:
     _backlog_at: float = field(default=0.0, repr=False)
     healthy: bool | None = None  # None: not probed yet
     draining: bool = False  # decode: terminating; its blocks are read, it takes no new legs
+    # The KV revision its health answers name: "" when they name none (an engine from before revisions), None until
+    # the first answer.
+    revision: str | None = None
     last_error: str | None = None
     # Decode: whether its last answer, streamed (True) or not (False), carried kv_transfer_params.
     sends_params: dict[bool, bool] = field(default_factory=dict)
@@ -85,11 +95,17 @@ class Engine:
                 self.url,
             )
 
+    @property
+    def serving(self) -> bool:
+        """Answered its last probe and takes new legs."""
+        return self.healthy is True and not self.draining
+
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "url": self.url,
             "healthy": self.healthy,
             "draining": self.draining,
+            "revision": self.revision,
             "inflight": self.inflight,
             "last_error": self.last_error,
         }
@@ -145,6 +161,11 @@ class EnginePool:
 
     def get(self, url: str | None) -> Engine | None:
         return self.engines.get(url) if url else None
+
+    def revision_of(self, url: str) -> str | None:
+        """The KV revision of the engine at `url`; None when it is unknown (not probed yet, or not in the pool)."""
+        engine = self.engines.get(url)
+        return engine.revision if engine is not None else None
 
     def unhealthy_urls(self) -> frozenset[str]:
         """Engines whose probe or last leg failed (not those not probed yet)."""
@@ -210,6 +231,12 @@ class EnginePool:
         engine.healthy = healthy
         engine.last_error = error
 
+    def note_revision(self, engine: Engine, revision: str) -> None:
+        """Keep the KV revision the engine's last answer named; a change goes to the log."""
+        if revision != engine.revision:
+            log.info("%s engine %s runs KV revision %s", self.role, engine.url, revision or "(none named)")
+        engine.revision = revision
+
 
 class Engines:
     """Both pools plus what must happen when the endpoint set changes."""
@@ -220,6 +247,8 @@ class Engines:
         self.decode = EnginePool(DECODE, metrics)
         self._on_decode_removed: list[Callable[[list[str]], Coroutine[Any, Any, None]]] = []
         self._pending: set[asyncio.Task[None]] = set()
+        # The revision each role's source wants new work on (the Services' label); None: no wish.
+        self.desired: dict[str, str | None] = {PREFILL: None, DECODE: None}
 
     def pool(self, role: str) -> EnginePool:
         return self.prefill if role == PREFILL else self.decode
@@ -227,11 +256,17 @@ class Engines:
     def on_decode_removed(self, callback: Callable[[list[str]], Coroutine[Any, Any, None]]) -> None:
         self._on_decode_removed.append(callback)
 
-    def set_role(self, role: str, urls: Iterable[str], draining: Iterable[str] = ()) -> list[str]:
+    def set_role(
+        self, role: str, urls: Iterable[str], draining: Iterable[str] = (), desired: str | None = None
+    ) -> list[str]:
         """The role's endpoints: `urls` ready, `draining` terminating but still serving. Only decode keeps draining
         engines (their blocks are still read); a terminating prefill engine gets no legs and owes only the reads of
-        its last ones, which vLLM's --shutdown-timeout waits for."""
+        its last ones, which vLLM's --shutdown-timeout waits for. `desired`: the KV revision the source wants new work
+        on (None: no wish; see `target_revision`)."""
         urls = list(urls)
+        if desired != self.desired[role]:
+            log.info("%s engines: the desired KV revision is now %s", role, desired)
+            self.desired[role] = desired
         removed = self.pool(role).set_urls(urls, draining if role == DECODE else ())
         if removed:
             log.info("%s engines left: %s", role, ", ".join(removed))
@@ -261,6 +296,28 @@ class Engines:
 
     def ready(self) -> bool:
         return self.prefill.healthy_count() > 0 and self.decode.healthy_count() > 0
+
+    def target_revision(self) -> str | None:
+        """The KV revision a new request goes to, both its legs; None: any engine (no revision is known, or none can
+        serve a request alone). A revision can when it has a serving engine in each role ("" is the revision of
+        engines that name none). The desired one (the prefill Service's label, then the decode Service's) when it can,
+        else the one with the most serving engines, ties to the first in sorted order."""
+        complete = self.complete_revisions()
+        if not complete:
+            return None
+        for wanted in (self.desired[PREFILL], self.desired[DECODE]):
+            if wanted is not None and wanted in complete:
+                return wanted
+        return max(sorted(complete), key=lambda revision: complete[revision])
+
+    def complete_revisions(self) -> dict[str, int]:
+        """The revisions with a serving engine in each role, and how many serving engines each has."""
+        counts: dict[str, list[int]] = {}
+        for index, pool in enumerate((self.prefill, self.decode)):
+            for engine in pool.engines.values():
+                if engine.serving and engine.revision is not None:
+                    counts.setdefault(engine.revision, [0, 0])[index] += 1
+        return {revision: p + d for revision, (p, d) in counts.items() if p and d}
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -309,6 +366,7 @@ class HealthProber:
             ) as resp:
                 await resp.read()
                 ok = resp.status == 200
+                pool.note_revision(engine, resp.headers.get(KV_REVISION_HEADER, ""))
                 pool.mark(engine, ok, None if ok else f"health status {resp.status}")
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             pool.mark(engine, False, f"health probe: {type(exc).__name__}: {exc}")

@@ -1,6 +1,7 @@
 """Engine discovery from Kubernetes EndpointSlices: list and watch the slices of the prefill and decode headless
 Services in one namespace, and report per role the URLs of the ready endpoints and of the draining ones (terminating,
-still serving: a decode pod in its preStop drain, whose retained blocks the next turns still read).
+still serving: a decode pod in its preStop drain, whose retained blocks the next turns still read), with the KV
+revision the operator wants new work on: its label on the Service, which Kubernetes copies onto the Service's slices.
 
 Talks to the API server with aiohttp (list, then watch from the list's resourceVersion; relist on 410 Gone or any
 error) using the in-cluster service account, or a kubeconfig for tests and out-of-cluster runs.
@@ -15,7 +16,7 @@ import os
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 import aiohttp
@@ -27,6 +28,7 @@ from duplex_sidecars.tasks import cancel_all
 log = logging.getLogger(__name__)
 
 SERVICE_LABEL = "kubernetes.io/service-name"
+REVISION_LABEL = "duplex.dev/kv-revision"  # on the role's Service, so on its slices: the desired KV revision
 _SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
@@ -60,6 +62,24 @@ def slice_endpoints(slice_obj: dict[str, Any], port_name: str, scheme: str) -> t
 def slice_urls(slice_obj: dict[str, Any], port_name: str, scheme: str) -> list[str]:
     """URLs of the ready endpoints of one EndpointSlice on the named port."""
     return slice_endpoints(slice_obj, port_name, scheme)[0]
+
+
+def slice_revision(slice_obj: dict[str, Any]) -> str | None:
+    """The desired KV revision a slice carries (its Service's label; "" is the revision of engines from before
+    revisions), or None without the label."""
+    value = ((slice_obj.get("metadata") or {}).get("labels") or {}).get(REVISION_LABEL)
+    return value if isinstance(value, str) else None
+
+
+class _Slice(NamedTuple):
+    """What the router keeps of one EndpointSlice."""
+
+    ready: list[str]
+    draining: list[str]
+    revision: str | None
+
+
+OnChange = Callable[[str, list[str], list[str], str | None], None]
 
 
 @dataclass
@@ -122,12 +142,13 @@ class _Gone(Exception):
 
 
 class EndpointSliceWatcher:
-    """Keeps `on_change(role, ready_urls, draining_urls)` informed about the endpoints of the two Services."""
+    """Keeps `on_change(role, ready_urls, draining_urls, desired_revision)` informed about the endpoints of the two
+    Services."""
 
     def __init__(
         self,
         discovery: EndpointSliceDiscovery,
-        on_change: Callable[[str, list[str], list[str]], None],
+        on_change: OnChange,
         access: ApiAccess | None = None,
         watch_timeout: int = 300,
     ):
@@ -192,9 +213,9 @@ class EndpointSliceWatcher:
             if resp.status != 200:
                 raise RuntimeError(f"list endpointslices: HTTP {resp.status}: {(await resp.text())[:200]}")
             listing = await resp.json()
-        slices: dict[str, tuple[list[str], list[str]]] = {}
+        slices: dict[str, _Slice] = {}
         for item in listing.get("items") or []:
-            slices[item["metadata"]["name"]] = self._urls(item)
+            slices[item["metadata"]["name"]] = self._read(item)
         self._emit(role, slices)
         self.synced[role] = True
         version = (listing.get("metadata") or {}).get("resourceVersion", "")
@@ -207,7 +228,7 @@ class EndpointSliceWatcher:
         service: str,
         selector: str,
         headers: dict[str, str],
-        slices: dict[str, tuple[list[str], list[str]]],
+        slices: dict[str, _Slice],
         version: str,
     ) -> str:
         assert self._session is not None
@@ -243,15 +264,22 @@ class EndpointSliceWatcher:
                 if kind == "DELETED":
                     slices.pop(name, None)
                 elif kind in ("ADDED", "MODIFIED"):
-                    slices[name] = self._urls(obj)
+                    slices[name] = self._read(obj)
                 self._emit(role, slices)
         return version
 
-    def _urls(self, slice_obj: dict[str, Any]) -> tuple[list[str], list[str]]:
-        return slice_endpoints(slice_obj, self.discovery.port_name, self.discovery.scheme)
+    def _read(self, slice_obj: dict[str, Any]) -> _Slice:
+        ready, draining = slice_endpoints(slice_obj, self.discovery.port_name, self.discovery.scheme)
+        return _Slice(ready, draining, slice_revision(slice_obj))
 
-    def _emit(self, role: str, slices: dict[str, tuple[list[str], list[str]]]) -> None:
-        ready = {u for urls, _ in slices.values() for u in urls}
+    def _emit(self, role: str, slices: dict[str, _Slice]) -> None:
+        ready = {u for s in slices.values() for u in s.ready}
         # An address ready in one slice and draining in another (a moment of a slice update) counts as ready.
-        draining = {u for _, urls in slices.values() for u in urls} - ready
-        self._on_change(role, sorted(ready), sorted(draining))
+        draining = {u for s in slices.values() for u in s.draining} - ready
+        self._on_change(role, sorted(ready), sorted(draining), desired_revision(slices))
+
+
+def desired_revision(slices: dict[str, _Slice]) -> str | None:
+    """The revision label of a role's slices. They all carry their Service's; while Kubernetes copies a changed label
+    onto them one by one they may differ for a moment, and the first slice by name that has one wins."""
+    return next((slices[name].revision for name in sorted(slices) if slices[name].revision is not None), None)

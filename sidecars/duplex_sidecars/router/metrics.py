@@ -16,6 +16,7 @@ MISS_REASONS: tuple[str, ...] = (
     "endpoint_gone",
     "endpoint_unhealthy",
     "side_channel_mismatch",
+    "revision_changed",
     "endpoint_draining",
     "store_error",
     "not_replayable",

@@ -7,6 +7,9 @@ left. Prefill (`placement.prefill`): the fewest legs in flight
 (least_outstanding, the default), each engine in turn (round_robin), or the least expected cost (cost: the compute
 still ahead of it, plus reading the conversation's blocks from decode unless it is the engine whose prefix
 cache holds the previous turn). Ties are broken at random, or in turn for round_robin.
+
+A request's KV revision (`Hints.revision`, router/endpoints.py `Engines.target_revision`) comes before all of it: only
+engines of that revision are candidates, since another revision's engine cannot read this one's blocks.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class Hints:
     tried: frozenset[str] = frozenset()  # engines this request's leg already failed on
     sticky: str | None = None  # the engine that served the conversation's previous turn (decode: holds its blocks)
     tokens: int = 0  # prefill: tokens of decode's blocks a replay would read (0 without a replay)
+    revision: str | None = None  # the request's KV revision: only its engines are candidates (None: any engine)
 
 
 Scorer = Callable[[Engine, Hints], float]
@@ -88,6 +92,8 @@ class Picker:
 
     def pick(self, pool: EnginePool, hints: Hints = Hints()) -> Engine | None:
         engines = list(pool.engines.values())
+        if hints.revision is not None:
+            engines = [e for e in engines if e.revision == hints.revision]
         for tier in self.tiers:
             candidates = [e for e in engines if tier(e, hints)]
             if candidates:

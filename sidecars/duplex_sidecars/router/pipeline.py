@@ -15,6 +15,10 @@
               byte (nothing else runs in between), otherwise right before it; either way the next turn finds it.
 
 The steps are marked `# 1.` to `# 5.` below. Everything a request uses comes in through `Deps`.
+
+Before 1. the request is given its KV revision (`Engines.target_revision`): every attempt of both legs goes to engines
+of that revision only, and stored blocks of another revision are a miss, so a prefill engine never meets a decode
+engine it cannot exchange blocks with.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ class Context:
     turn: Turn
     exchange: Exchange
     decision: reuse.Decision = field(default_factory=lambda: reuse.Decision(None, None))
+    revision: str | None = None  # the KV revision both legs go to (None: any engine)
     failures: list[LegFailure] = field(default_factory=list)  # decode's, for the final error
     replayed: bool = False  # a prefill leg that carried decode's blocks succeeded
     prefill_url: str | None = None  # the prefill engine that answered
@@ -106,8 +111,8 @@ async def serve(deps: Deps, exchange: Exchange, turn: Turn) -> Context:
         raise BackendUnavailable("No prefill engines are available.")
     if len(deps.engines.decode) == 0:
         raise BackendUnavailable("No decode engines are available.")
-    ctx = Context(turn, exchange)
-    ctx.decision = await lookup(deps, turn)  # 1.
+    ctx = Context(turn, exchange, revision=deps.engines.target_revision())
+    ctx.decision = await lookup(deps, turn, ctx.revision)  # 1.
     ctx.miss_reason = None if ctx.decision.hit else ctx.decision.reason or "no_entry"
     tried: set[str] = set()
     attempt = 0
@@ -115,7 +120,7 @@ async def serve(deps: Deps, exchange: Exchange, turn: Turn) -> Context:
         prefill_params = await prefill(deps, ctx, attempt)  # 2.
         # 3. decode, on the engine holding the conversation on the first try
         sticky = ctx.decision.sticky_decode if attempt == 0 else None
-        engine = deps.pickers[DECODE].pick(deps.engines.decode, Hints(frozenset(tried), sticky))
+        engine = deps.pickers[DECODE].pick(deps.engines.decode, Hints(frozenset(tried), sticky, revision=ctx.revision))
         if engine is None:
             raise BackendUnavailable("No decode engines are available.")
         tried.add(engine.url)
@@ -134,8 +139,8 @@ async def serve(deps: Deps, exchange: Exchange, turn: Turn) -> Context:
 # ---- 1. lookup ------------------------------------------------------------------------------------------------------
 
 
-async def lookup(deps: Deps, turn: Turn) -> reuse.Decision:
-    """Take the conversation's entry (single use) and decide; never raises."""
+async def lookup(deps: Deps, turn: Turn, revision: str | None = None) -> reuse.Decision:
+    """Take the conversation's entry (single use) and decide for a request going to KV `revision`; never raises."""
     decision = reuse.needs_lookup(turn)
     if decision is None:
         assert turn.key is not None
@@ -151,7 +156,14 @@ async def lookup(deps: Deps, turn: Turn) -> reuse.Decision:
         decode = deps.engines.decode
         cfg = deps.config.reuse
         decision = reuse.decide(
-            turn, entry, decode, cfg.min_tokens, decode.unhealthy_urls(), cfg.check_side_channel_host
+            turn,
+            entry,
+            decode,
+            cfg.min_tokens,
+            decode.unhealthy_urls(),
+            cfg.check_side_channel_host,
+            revision,
+            decode.revision_of,
         )
     if not decision.hit:
         deps.metrics.miss(decision.reason or "no_entry")
@@ -176,7 +188,8 @@ async def prefill(deps: Deps, ctx: Context, decode_attempt: int) -> dict[str, An
     replay_failed = False
     current: attempts.PrefillAttempt | None = attempts.first_prefill(decode_attempt, ctx.decision.hit)
     while current is not None:
-        hints = Hints(frozenset(tried), ctx.decision.previous_prefill, ctx.decision.tokens if current.replay else 0)
+        reads = ctx.decision.tokens if current.replay else 0
+        hints = Hints(frozenset(tried), ctx.decision.previous_prefill, reads, ctx.revision)
         engine = deps.pickers[PREFILL].pick(pool, hints)
         if engine is None:
             break

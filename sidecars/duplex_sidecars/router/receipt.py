@@ -8,7 +8,8 @@ whether the turn read decode's KV back, so that a client (or a benchmark) can te
 * `decode`: from the decode leg's start to the answer's first byte (a stream's first event, or the whole body).
 * `router`: the rest of the time to the first byte: the store lookup, picking engines, failed attempts, relaying.
 * `kv`: `hit:<tokens>` (tokens decode's blocks covered) or `miss:<reason>` (the miss reasons of
-  duplex_router_kv_reuse_misses_total). Clients without a key or Authorization share one tenant, so their misses say
+  duplex_router_kv_reuse_misses_total, router/README.md; `revision_changed` after a KV-incompatible rollout moved the
+  conversation to the new engines). Clients without a key or Authorization share one tenant, so their misses say
   only `miss`: the reason could tell one of them what another sent.
 
 It goes out with the answer's head, so a stream carries the same entries as a whole body; its total time is what

@@ -9,7 +9,7 @@ With the tenant inside the store key, another tenant's state is simply absent: a
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -29,6 +29,9 @@ ENDPOINT_DRAINING = "endpoint_draining"  # the previous turn's decode engine was
 # The stored side channel (remote_host) is not the address of the decode engine the entry names: replaying it would
 # send prefill's NIXL handshake somewhere else.
 SIDE_CHANNEL_MISMATCH = "side_channel_mismatch"
+# The decode engine holding the blocks runs another KV revision than the one this request goes to (a rollout): no
+# prefill engine of this request's revision can read them.
+REVISION_CHANGED = "revision_changed"
 
 
 class _StoreFailed:
@@ -58,6 +61,10 @@ def _miss(reason: str, sticky: str | None = None, previous_prefill: str | None =
     return Decision(None, reason, sticky, previous_prefill=previous_prefill)
 
 
+def _unknown_revision(url: str) -> str | None:
+    return None
+
+
 def needs_lookup(turn: Turn) -> Decision | None:
     """The miss a turn gets without asking the store, or None when its entry must be taken."""
     if turn.key is None:
@@ -75,12 +82,16 @@ def decide(
     min_tokens: int = 0,
     unhealthy: Container[str] = (),
     check_side_channel: bool = True,
+    revision: str | None = None,
+    revision_of: Callable[[str], str | None] = _unknown_revision,
 ) -> Decision:
     """Replay or miss for a turn whose entry was taken from the store (single use: it is gone from the store now).
     Fewer than `min_tokens` reusable tokens are cheaper to recompute (router config reuse.min_tokens). Blocks held by
     a decode engine marked `unhealthy` are not read: prefill would wait out the replay timeout on an engine that
     failed its probe or its last leg, then recompute anyway. With `check_side_channel`, an engine named by its IP
-    address must advertise that address as its side channel (`remote_host`)."""
+    address must advertise that address as its side channel (`remote_host`). Blocks of a decode engine whose KV
+    revision (`revision_of` its URL) is known and not the request's `revision` are not read either: the request's
+    prefill engine is of another revision."""
     early = needs_lookup(turn)
     if early is not None:
         return early
@@ -96,6 +107,8 @@ def decide(
         return _miss("expired", sticky, prefill)
     if entry.decode_url not in decode_endpoints:
         return _miss(ENDPOINT_GONE, None, prefill)
+    if _other_revision(revision, revision_of(entry.decode_url)):
+        return _miss(REVISION_CHANGED, None, prefill)
     if entry.decode_url in unhealthy:
         return _miss(ENDPOINT_UNHEALTHY, None, prefill)
     if entry.scope != turn.scope:
@@ -116,6 +129,11 @@ def decide(
     if tokens < min_tokens:
         return _miss(BELOW_THRESHOLD, sticky, prefill)
     return Decision(params, None, sticky, tokens, prefill)
+
+
+def _other_revision(wanted: str | None, held: str | None) -> bool:
+    """Both revisions known, and not the same."""
+    return wanted is not None and held is not None and wanted != held
 
 
 def side_channel_of(decode_url: str, remote_host: Any) -> bool:

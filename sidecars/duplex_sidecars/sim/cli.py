@@ -13,6 +13,7 @@ import uuid
 from aiohttp import web
 
 from duplex_sidecars.event_loop import run_loop
+from duplex_sidecars.protocol import KV_REVISION_ENV, KV_REVISION_HEADER
 from duplex_sidecars.sim.config import SimConfig
 from duplex_sidecars.sim.cost import CostModel, load_profile
 
@@ -62,6 +63,12 @@ def parser() -> argparse.ArgumentParser:
         "--key-on-every-path",
         action="store_true",
         help="require the key on every path but /health and /metrics, as duplex's engine guard does in vLLM",
+    )
+    p.add_argument(
+        "--kv-revision",
+        default=os.environ.get(KV_REVISION_ENV, "").strip() or None,
+        help=f"KV revision named on every answer ({KV_REVISION_HEADER}), as the engine guard does in vLLM; "
+        f"default: ${KV_REVISION_ENV}",
     )
     p.add_argument("--model", "--served-model-name", dest="model", default="sim", help="served model name")
     p.add_argument("--max-model-len", type=int, default=32768, help="prompt + output token limit")
@@ -152,6 +159,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         model=args.model,
         api_key=args.api_key,
         key_on_every_path=args.key_on_every_path,
+        kv_revision=args.kv_revision,
         max_model_len=args.max_model_len,
         block_size=args.block_size,
         num_blocks=args.num_blocks,

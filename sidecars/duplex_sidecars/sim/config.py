@@ -19,6 +19,7 @@ class SimConfig:
     model: str = "sim"
     api_key: str | None = None  # vLLM's --api-key / VLLM_API_KEY: /v1/* needs it as a Bearer token
     key_on_every_path: bool = False  # duplex's engine guard: every path but /health and /metrics needs the key
+    kv_revision: str | None = None  # sent on every answer in X-Duplex-KV-Revision, as the engine guard does
     max_model_len: int = 32768
     block_size: int = 16
     num_blocks: int = 4096

@@ -18,7 +18,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from duplex_sidecars.protocol import KV_PARAMS_FIELD
+from duplex_sidecars.protocol import KV_PARAMS_FIELD, KV_REVISION_HEADER
 from duplex_sidecars.sim import generation
 from duplex_sidecars.sim.chat_template import TemplateError, render_chat
 from duplex_sidecars.sim.engine import CorruptKV, Engine, GenerationRequest, KVLoadFailed, Running
@@ -116,6 +116,15 @@ def api_key_guard(api_key: str, every_path: bool = False) -> Any:
     return guard
 
 
+def name_revision(app: web.Application, revision: str) -> None:
+    """Every answer of `app` names the engine's KV revision, as duplex's engine guard makes vLLM's do."""
+
+    async def stamp(_: web.Request, response: web.StreamResponse) -> None:
+        response.headers[KV_REVISION_HEADER] = revision
+
+    app.on_response_prepare.append(stamp)
+
+
 class OpenAIApi:
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -125,6 +134,8 @@ class OpenAIApi:
         key, every_path = self.engine.cfg.api_key, self.engine.cfg.key_on_every_path
         guards = [api_key_guard(key, every_path)] if key else []
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=guards)
+        if self.engine.cfg.kv_revision:
+            name_revision(app, self.engine.cfg.kv_revision)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from duplex.children import engine_guard
-from duplex.children.duplex_engine_guard import EngineKeyGuard
+from duplex.children.duplex_engine_guard import REVISION_ENV, REVISION_HEADER, EngineKeyGuard
 
 KEY = "k3y"
 
@@ -75,6 +75,52 @@ def test_websockets_need_the_key_too() -> None:
 def test_lifespan_and_engines_without_a_key_pass() -> None:
     assert call("", kind="lifespan") == ([""], [])
     assert call("/invocations", key=None) == (["/invocations"], [])
+
+
+def answered(path: str, revision: str | None, key: str | None = KEY) -> list[Any]:
+    """What the guard sent for `path` without a key, around an app that answers 200."""
+    sent: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in (("VLLM_API_KEY", key), (REVISION_ENV, revision)):
+            if value is None:
+                mp.delenv(name, raising=False)
+            else:
+                mp.setenv(name, value)
+        guard = EngineKeyGuard(app)
+    scope = {"type": "http", "path": path, "root_path": "", "method": "GET", "headers": []}
+    asyncio.run(guard(scope, receive, send))
+    return sent
+
+
+def test_every_answer_names_the_kv_revision() -> None:
+    health = answered("/health", "0a1b2c3d")
+    assert health[0]["status"] == 200 and health[1]["body"] == b"ok"
+    assert health[0]["headers"] == [(b"content-type", b"text/plain"), (b"x-duplex-kv-revision", b"0a1b2c3d")]
+    refused = answered("/invocations", "0a1b2c3d")
+    assert refused[0]["status"] == 401 and (b"x-duplex-kv-revision", b"0a1b2c3d") in refused[0]["headers"]
+    assert (b"x-duplex-kv-revision", b"0a1b2c3d") in answered("/invocations", "0a1b2c3d", key=None)[0]["headers"]
+
+
+@pytest.mark.parametrize("revision", [None, ""])
+def test_without_a_revision_no_header_is_added(revision: str | None) -> None:
+    assert answered("/health", revision)[0]["headers"] == [(b"content-type", b"text/plain")]
+
+
+def test_the_guard_names_the_revision_as_the_router_reads_it() -> None:
+    from duplex_sidecars import protocol
+
+    assert (REVISION_ENV, REVISION_HEADER) == (protocol.KV_REVISION_ENV, protocol.KV_REVISION_HEADER)
 
 
 def test_the_configmap_carries_the_module_vllm_imports() -> None:

@@ -12,6 +12,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from multidict import CIMultiDict
 
+from duplex_sidecars.protocol import KV_REVISION_HEADER
+
 
 @dataclass
 class Seen:
@@ -41,6 +43,7 @@ class FakeEngine:
     health_status: int = 200
     stall_seconds: float = 3.0
     stream_ended_at: float | None = None  # loop time when the last streamed body ended
+    revision: str | None = None  # the KV revision its answers name (X-Duplex-KV-Revision); None: none named
 
     @property
     def url(self) -> str:
@@ -53,7 +56,12 @@ class FakeEngine:
         app.router.add_post("/v1/completions", self._handle)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
+        app.on_response_prepare.append(self._name_revision)
         return app
+
+    async def _name_revision(self, request: web.Request, response: web.StreamResponse) -> None:
+        if self.revision is not None:
+            response.headers[KV_REVISION_HEADER] = self.revision
 
     async def start(self) -> FakeEngine:
         self.server = TestServer(self.app())

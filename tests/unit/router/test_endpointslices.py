@@ -14,14 +14,30 @@ from aiohttp.test_utils import TestServer
 
 from duplex_sidecars.router.config import EndpointSliceDiscovery
 from duplex_sidecars.router.endpoints import DECODE, PREFILL
-from duplex_sidecars.router.endpointslices import ApiAccess, EndpointSliceWatcher, slice_endpoints, slice_urls
+from duplex_sidecars.router.endpointslices import (
+    REVISION_LABEL,
+    ApiAccess,
+    EndpointSliceWatcher,
+    slice_endpoints,
+    slice_revision,
+    slice_urls,
+)
 
 
 def make_slice(
-    name: str, service: str, addresses: list[tuple[str, Any]], port: int = 8000, port_name: str = "http", rv: str = "1"
+    name: str,
+    service: str,
+    addresses: list[tuple[str, Any]],
+    port: int = 8000,
+    port_name: str = "http",
+    rv: str = "1",
+    revision: str | None = None,
 ) -> dict[str, Any]:
+    labels = {"kubernetes.io/service-name": service}
+    if revision is not None:
+        labels[REVISION_LABEL] = revision  # the Service's label, copied by Kubernetes
     return {
-        "metadata": {"name": name, "resourceVersion": rv, "labels": {"kubernetes.io/service-name": service}},
+        "metadata": {"name": name, "resourceVersion": rv, "labels": labels},
         "addressType": "IPv4",
         "ports": [{"name": "side", "port": 5600}, {"name": port_name, "port": port}],
         "endpoints": [{"addresses": [a], "conditions": {"ready": r} if r is not None else {}} for a, r in addresses],
@@ -158,7 +174,7 @@ async def test_watch_follows_ready_endpoints(api):
     )
     draining: dict[str, list[str]] = {}
 
-    def on_change(role: str, urls: list[str], leaving: list[str]) -> None:
+    def on_change(role: str, urls: list[str], leaving: list[str], desired: str | None) -> None:
         seen[role], draining[role] = urls, leaving
 
     watcher = EndpointSliceWatcher(discovery, on_change)
@@ -215,6 +231,62 @@ async def test_router_drops_entries_of_a_decode_endpoint_that_leaves_its_slice(a
         await router.engines.settle()
         taken = await router.store.take("k")
         assert taken.params is None and taken.reason == "endpoint_gone"
+    finally:
+        await router.stop()
+
+
+def test_a_slice_carries_its_services_revision_label():
+    assert slice_revision(make_slice("s", "svc", [], revision="0a1b2c3d")) == "0a1b2c3d"
+    assert slice_revision(make_slice("s", "svc", [], revision="")) == ""  # engines from before revisions
+    assert slice_revision(make_slice("s", "svc", [])) is None
+    assert slice_revision({"metadata": {}}) is None
+
+
+async def test_watch_reports_each_roles_desired_revision(api):
+    server, kubeconfig = api
+    server.slices["p-1"] = make_slice("p-1", "pre", [("10.0.0.1", True)], revision="aaaa0001")
+    server.slices["d-1"] = make_slice("d-1", "dec", [("10.0.1.1", True)])
+    desired: dict[str, str | None] = {}
+    discovery = EndpointSliceDiscovery(
+        namespace="ns", prefill_service="pre", decode_service="dec", kubeconfig=kubeconfig
+    )
+
+    def on_change(role: str, urls: list[str], leaving: list[str], revision: str | None) -> None:
+        desired[role] = revision
+
+    watcher = EndpointSliceWatcher(discovery, on_change)
+    await watcher.start()
+    try:
+        await eventually(lambda: desired == {PREFILL: "aaaa0001", DECODE: None} and len(server.watchers) == 2)
+        # the operator labels both Services with a new revision; the slices follow
+        server.emit("MODIFIED", make_slice("d-1", "dec", [("10.0.1.1", True)], revision="bbbb0002"))
+        server.emit("MODIFIED", make_slice("p-1", "pre", [("10.0.0.1", True)], revision="bbbb0002"))
+        await eventually(lambda: desired == {PREFILL: "bbbb0002", DECODE: "bbbb0002"})
+        # a second slice of the role, its label not copied yet: the first slice by name decides
+        server.emit("ADDED", make_slice("p-2", "pre", [("10.0.0.2", True)], revision="aaaa0001"))
+        await asyncio.sleep(0.1)
+        assert desired[PREFILL] == "bbbb0002"
+        server.emit("DELETED", make_slice("p-1", "pre", []))
+        await eventually(lambda: desired[PREFILL] == "aaaa0001")
+    finally:
+        await watcher.stop()
+
+
+async def test_the_router_takes_the_desired_revision_from_the_slices(api):
+    from duplex_sidecars.router.app import Router
+    from duplex_sidecars.router.config import RouterConfig
+
+    server, kubeconfig = api
+    server.slices["p-1"] = make_slice("p-1", "pre", [("127.0.0.1", True)], port=9, revision="aaaa0001")
+    server.slices["d-1"] = make_slice("d-1", "dec", [("127.0.0.2", True)], port=9, revision="aaaa0001")
+    config = RouterConfig(
+        discovery={"namespace": "ns", "prefill_service": "pre", "decode_service": "dec", "kubeconfig": kubeconfig},
+        health_check={"interval_seconds": 60, "timeout_seconds": 0.2},
+    )
+    router = Router(config)
+    await router.start()
+    try:
+        await eventually(lambda: router.engines.desired == {PREFILL: "aaaa0001", DECODE: "aaaa0001"})
     finally:
         await router.stop()
 

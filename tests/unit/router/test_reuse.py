@@ -122,6 +122,22 @@ def test_blocks_on_an_unhealthy_decode_engine_are_not_read():
     assert reuse.decide(turn(FOLLOW_UP), stored_entry(), {D1, D2}, 0, unhealthy={D2}).hit
 
 
+def test_blocks_on_a_decode_engine_of_another_kv_revision_are_not_read():
+    revisions = {D1: "aaaa0001", D2: "bbbb0002"}
+    entry = stored_entry(prefill_url="http://p-a")
+
+    def decide(revision: str | None, revision_of: Any = revisions.get) -> reuse.Decision:
+        return reuse.decide(turn(FOLLOW_UP), entry, {D1, D2}, revision=revision, revision_of=revision_of)
+
+    moved = decide("bbbb0002")
+    assert not moved.hit and moved.reason == reuse.REVISION_CHANGED == "revision_changed"
+    assert moved.sticky_decode is None and moved.previous_prefill == "http://p-a"
+    assert decide("aaaa0001").hit  # the request goes to the entry's revision
+    assert decide(None).hit  # no revision to keep to
+    assert decide("bbbb0002", lambda url: None).hit  # the engine's revision is not known yet
+    assert decide("", {D1: ""}.get).hit  # engines that name no revision are one revision
+
+
 def stored_at(remote_host: Any, url: str = D1) -> Entry:
     capture = reuse.after_decode(FIRST, url, {**DECODE_PARAMS, "remote_host": remote_host}, ANSWER)
     assert capture.entry is not None
