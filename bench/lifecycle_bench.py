@@ -8,7 +8,7 @@ as plain Deployments end pods today).
 A local cluster with a real node (as the e2e tier), duplex installed by its chart, examples/local.yaml with two
 decode pods, driven through the router's Service by agentic conversations: each turn resends the whole history,
 then a tool's think time. During that load, one after another: a KV-compatible change (a decode env var: the decode
-Deployment rolls), a decode pod deleted, decode scaled 2 to 1 (then back, unmeasured). Per event: client requests
+Deployment rolls), a KV-incompatible change (the block size: both roles roll as a new KV revision), a decode pod deleted, decode scaled 2 to 1 (then back, unmeasured). Per event: client requests
 that failed, follow-up turns that reused decode's blocks and those that recomputed (the router's counters), bindings
 lost with a pod (`endpoint_gone` misses: a pod ended while a conversation was bound to it), and the seconds until the
 pods the event removes are gone. See docs/benchmarks.md ("Lifecycle benchmark").
@@ -53,6 +53,10 @@ DECODE = f"duplex.dev/serving={SERVING},duplex.dev/role=decode"
 ROUTER = f"duplex.dev/serving={SERVING},duplex.dev/role=router"
 TOOL_OUTPUT = " ".join(f"row{i} value{i * 7 % 97}" for i in range(200))
 VARIANTS = {"drain": None, "no drain": 0}  # spec.decode.drain.deadlineSeconds (None: the default)
+
+
+# What a follow-up turn can miss on during these events (revision_changed: moved to a new KV revision).
+MISS_REASONS = ("endpoint_gone", "endpoint_draining", "endpoint_unhealthy", "expired", "revision_changed", "no_entry")
 
 
 def say(message: str) -> None:
@@ -184,7 +188,7 @@ def counters(cluster: Cluster, ns: str) -> dict[str, float]:
         "hits": processes.metric_sum(samples, "duplex_router_kv_reuse_hits_total"),
         "misses": processes.metric_sum(samples, "duplex_router_kv_reuse_misses_total"),
     }
-    for reason in ("endpoint_gone", "endpoint_draining", "endpoint_unhealthy", "expired", "no_entry"):
+    for reason in MISS_REASONS:
         out[reason] = processes.metric_sum(samples, "duplex_router_kv_reuse_misses_total", reason=reason)
     return out
 
@@ -223,7 +227,7 @@ def measure(
         "reused": delta["hits"],
         "recomputed": follow_ups - delta["hits"],
         "bindings_lost": delta["endpoint_gone"],
-        "miss_reasons": {k: delta[k] for k in ("endpoint_gone", "endpoint_draining", "endpoint_unhealthy", "expired")},
+        "miss_reasons": {k: delta[k] for k in MISS_REASONS if k != "no_entry"},
         "removed_pods_gone_s": gone_after,
     }
 
@@ -249,6 +253,14 @@ def run_variant(cluster: Cluster, variant: str, deadline: int | None, conversati
             cluster.kubectl("-n", ns, "patch", "dsv", SERVING, "--type=merge", "-p", json.dumps(patch))
             return old
 
+        def incompatible() -> set[str]:
+            """A block-size change: a new KV revision, rolled in lockstep with prefill."""
+            old = {p["metadata"]["name"] for p in cluster.pods(ns, DECODE)}
+            size = cluster.json("-n", ns, "get", "dsv", SERVING)["spec"]["model"]["blockSize"]
+            patch = {"spec": {"model": {"blockSize": 16 if size == 32 else 32}}}
+            cluster.kubectl("-n", ns, "patch", "dsv", SERVING, "--type=merge", "-p", json.dumps(patch))
+            return old
+
         def delete() -> set[str]:
             victim = cluster.ready(ns, DECODE)[0]["metadata"]["name"]
             cluster.kubectl("-n", ns, "delete", "pod", victim, "--wait=false")
@@ -263,6 +275,7 @@ def run_variant(cluster: Cluster, variant: str, deadline: int | None, conversati
 
         for name, act in (
             ("KV-compatible change", roll),
+            ("KV-incompatible change", incompatible),
             ("decode pod deleted", delete),
             ("scale-in 2 to 1", scale_in),
         ):
@@ -321,8 +334,9 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "Follow-ups are turns after a conversation's first; `reused` ones read decode's blocks back, `recomputed` ones "
         "did not (any miss reason). `bindings lost`: turns whose blocks had gone with their pod (`endpoint_gone`).",
-        "Not measured here: a KV-incompatible change (duplex classifies it, status.engineChange, but does not yet "
-        "roll it as a lockstep revision) and a node drain (the local cluster has one real node).",
+        "A KV-incompatible change (a block size) is rolled as a new KV revision in both variants: its target is one "
+        "recompute per conversation going on (`revision_changed`, or `endpoint_gone` once the old pod has ended) and "
+        "no failed request. Not measured here: a node drain (the local cluster has one real node).",
         "",
     ]
     return "\n".join(lines)

@@ -7,6 +7,7 @@ recompute), the operator and the router restarted."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -197,6 +198,82 @@ def test_operator_and_router_pods_restarted_keep_serving(serving: Cluster) -> No
     hits = counters.router("duplex_router_kv_reuse_hits_total")
     chat.turn()
     assert counters.router("duplex_router_kv_reuse_hits_total") == hits + 1, time.monotonic() - started
+
+
+MOVED = ("revision_changed", "endpoint_gone")
+
+
+def revisions(serving: Cluster) -> dict[str, set[str]]:
+    """The KV revisions of the engine pods that exist (Ready or not, leaving or not), by role."""
+    out: dict[str, set[str]] = {}
+    for role in ("prefill", "decode"):
+        pods = serving.pods(NAMESPACE, selector(role))
+        out[role] = {p["metadata"]["labels"].get("duplex.dev/kv-revision", "") for p in pods}
+    return out
+
+
+def test_a_kv_incompatible_change_rolls_both_roles_in_lockstep_under_load(serving: Cluster) -> None:
+    """A block-size change under a steady multi-turn load: the new revision's prefill and decode come up together
+    beside the old ones, the router moves each conversation to the new revision on its next turn (exactly one
+    recompute, `miss:revision_changed`), no request fails, no engine reads a block of the other revision (the
+    simulator checks every block it reads), and the old revision's pods are gone without waiting out the
+    conversations' TTL."""
+    counters = Counters(serving)
+    (before,) = set.union(*revisions(serving).values())
+    chats = [Chat(serving) for _ in range(3)]
+    for chat in chats:
+        chat.turn()
+        chat.turn()
+    misses_before = counters.router("duplex_router_kv_reuse_misses_total")
+    moved_before = sum(counters.router("duplex_router_kv_reuse_misses_total", reason=r) for r in MOVED)
+    receipts: dict[int, list[str]] = {i: [] for i in range(len(chats))}
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            for i, chat in enumerate(chats):
+                try:
+                    chat.turn()
+                    receipts[i].append(chat.receipt)
+                except AssertionError as err:  # a status other than 200
+                    failures.append(str(err)[:300])
+                time.sleep(0.3)  # think time
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    try:
+        wait_for(lambda: all(receipts.values()), 60, "every conversation turning under the load")
+        patch = {"spec": {"model": {"blockSize": 16}}}
+        serving.kubectl("-n", NAMESPACE, "patch", "dsv", SERVING, "--type=merge", "-p", json.dumps(patch))
+        wait_for(lambda: serving.condition("Ready").get("status") == "True", 60, "the serving Ready")
+        after = wait_for(
+            lambda: (
+                (r := revisions(serving))
+                and r["prefill"] == r["decode"]
+                and len(r["prefill"]) == 1
+                and r["prefill"] != {before}
+                and r["prefill"]
+            ),
+            300,
+            "only the new revision's engine pods left",
+        )
+        wait_for(lambda: len(counters.engines("prefill")) == len(counters.engines("decode")) == 1, 120, "both Ready")
+        seen = {i: len(r) for i, r in receipts.items()}
+        wait_for(lambda: all(len(receipts[i]) >= seen[i] + 2 for i in receipts), 120, "two more turns each")
+    finally:
+        stop.set()
+        worker.join(timeout=150)
+    assert not failures, failures
+    assert counters.corrupt() == 0
+    for i, got in receipts.items():  # an anonymous client's receipt says `miss` without the reason
+        assert len([r for r in got if 'kv;desc="miss' in r]) == 1, (i, got)  # one recompute, on the new revision
+        assert 'kv;desc="hit:' in got[-1], (i, got)
+    # each moved on its next turn; a turn after the old decode pod had ended finds its blocks gone instead
+    moved = sum(counters.router("duplex_router_kv_reuse_misses_total", reason=r) for r in MOVED) - moved_before
+    assert moved == counters.router("duplex_router_kv_reuse_misses_total") - misses_before == len(chats)
+    engine = counters.engines("decode")[0]
+    assert engine["metadata"]["labels"]["duplex.dev/kv-revision"] in after
 
 
 def test_a_real_hpa_scales_decode_pods_that_really_run_and_reuse_goes_on(serving: Cluster) -> None:
