@@ -257,7 +257,7 @@ def run_variant(cluster: Cluster, variant: str, deadline: int | None, conversati
             """A block-size change: a new KV revision, rolled in lockstep with prefill."""
             old = {p["metadata"]["name"] for p in cluster.pods(ns, DECODE)}
             size = cluster.json("-n", ns, "get", "dsv", SERVING)["spec"]["model"]["blockSize"]
-            patch = {"spec": {"model": {"blockSize": 16 if size == 32 else 32}}}
+            patch = {"spec": {"model": {"blockSize": 64 if size == 32 else 32}}}
             cluster.kubectl("-n", ns, "patch", "dsv", SERVING, "--type=merge", "-p", json.dumps(patch))
             return old
 

@@ -7,14 +7,27 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_make_run_brings_up_the_local_example_and_its_chat_reuses_decode_s_kv(image: str, tmp_path: Path):
-    env = {**os.environ, "DUPLEX_CLUSTER_DIR": str(tmp_path / "cluster")}
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A state dir shallow enough for the kubelet's unix sockets (pytest's tmp_path grows with every run)."""
+    path = Path(tempfile.mkdtemp(prefix="dx-demo-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_make_run_brings_up_the_local_example_and_its_chat_reuses_decode_s_kv(image: str, short_tmp: Path):
+    env = {**os.environ, "DUPLEX_CLUSTER_DIR": str(short_tmp / "cluster")}
     run = subprocess.run(
         ["bash", "hack/demo.sh", "--turns", "3", "--down"],
         cwd=ROOT,

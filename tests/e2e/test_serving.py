@@ -244,7 +244,7 @@ def test_a_kv_incompatible_change_rolls_both_roles_in_lockstep_under_load(servin
     worker.start()
     try:
         wait_for(lambda: all(receipts.values()), 60, "every conversation turning under the load")
-        patch = {"spec": {"model": {"blockSize": 16}}}
+        patch = {"spec": {"model": {"blockSize": 64}}}
         serving.kubectl("-n", NAMESPACE, "patch", "dsv", SERVING, "--type=merge", "-p", json.dumps(patch))
         wait_for(lambda: serving.condition("Ready").get("status") == "True", 60, "the serving Ready")
         after = wait_for(

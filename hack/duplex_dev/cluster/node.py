@@ -54,6 +54,9 @@ KUBELET_SYSCTLS = (
 SAVED_SYSCTLS = Path("/run/duplex-node-sysctls.json")
 
 
+UNIX_PATH_MAX = 107  # sun_path is 108 bytes with its NUL
+
+
 class NodeError(RuntimeError):
     def __init__(self, component: str, message: str, log_tail: str = ""):
         self.component = component
@@ -105,6 +108,14 @@ class RealNode:
 
     def write_config(self, cluster_pki: pki.PKIPaths, server: str) -> None:
         layout, addrs = self.layout, self.addrs
+        # The kubelet's deepest unix socket: pod-resources/<10 digits>, under the 107 bytes a socket path may take.
+        deepest = len(str(layout.kubelet_root / "pod-resources" / ("0" * 10)).encode())
+        if deepest > UNIX_PATH_MAX:
+            raise NodeError(
+                "kubelet",
+                f"the cluster's state dir is too deep for the kubelet's unix sockets ({deepest} > {UNIX_PATH_MAX} "
+                f"bytes under {layout.root}): choose a shorter DUPLEX_CLUSTER_DIR",
+            )
         for path in (layout.root, layout.cni_conf_dir, layout.pod_logs, layout.kubelet_root):
             path.mkdir(parents=True, exist_ok=True)
         layout.containerd_config.write_text(containerd_toml(layout))
