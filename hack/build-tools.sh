@@ -12,9 +12,12 @@ BIN=${DUPLEX_BIN:-$CACHE/bin-k8s$K8S_VERSION-etcd$ETCD_VERSION-kwok$KWOK_VERSION
 CONTAINERD_DIR=$CACHE/containerd-$CONTAINERD_VERSION
 PAUSE_DIR=$CACHE/pause-$(cat "$HACK/pause/go.mod" "$HACK/pause/main.go" | sha256sum | cut -c1-12)
 COREDNS_DIR=$CACHE/coredns-$COREDNS_VERSION-$(sha256sum < "$HACK/coredns/main.go" | cut -c1-12)
+GIE_CRD=$CACHE/gie-$GIE_VERSION/inference.networking.k8s.io_inferencepools.yaml
 # --print-dir: print the bin dir for the pinned versions and exit, building nothing (duplex_dev.cluster.tools uses it);
-# --print-node: the containerd dir, the pause image archive and the node's CoreDNS, one a line.
+# --print-node: the containerd dir, the pause image archive and the node's CoreDNS, one a line;
+# --print-gie-crd: the InferencePool CRD's file.
 if [ "${1:-}" = "--print-dir" ]; then echo "$BIN"; exit 0; fi
+if [ "${1:-}" = "--print-gie-crd" ]; then echo "$GIE_CRD"; exit 0; fi
 if [ "${1:-}" = "--print-node" ]; then
   printf '%s\n%s\n%s\n' "$CONTAINERD_DIR" "$PAUSE_DIR/pause.tar" "$COREDNS_DIR/coredns"; exit 0
 fi
@@ -158,12 +161,27 @@ build_glua() {
   GOBIN="$dir" go install -trimpath -ldflags "-s -w" "github.com/yuin/gopher-lua/cmd/glua@v$GOPHER_LUA_VERSION"
 }
 
+# The InferencePool CRD of the Gateway API Inference Extension, as its release ships it: nothing to build, a file
+# out of the module's source (the integration tier applies it; the repo never holds it).
+fetch_gie_crd() {
+  if [ -s "$GIE_CRD" ]; then say "gateway-api-inference-extension v$GIE_VERSION (InferencePool CRD): cached"; return; fi
+  say "gateway-api-inference-extension v$GIE_VERSION (InferencePool CRD): fetching"
+  local w dir
+  w=$(mktemp -d)
+  dir=$(cd "$w" && go mod download -json "sigs.k8s.io/gateway-api-inference-extension@v$GIE_VERSION" \
+    | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  rm -rf "$w"
+  mkdir -p "$(dirname "$GIE_CRD")"
+  install -m 0644 "$dir/config/crd/bases/$(basename "$GIE_CRD")" "$GIE_CRD.tmp"
+  mv "$GIE_CRD.tmp" "$GIE_CRD"
+}
+
 # The builds are independent and run at once: Go compiles on every core, but its module downloads and links do not,
 # so one build's download or link overlaps another's compile. Each job says when it starts and what it builds.
 jobs=()
 start_job() { ( "$@" ) & jobs+=("$!:$1"); }
 case $TOOLS in
-  all) start_job build_glua; start_job build_promtool ;;
+  all) start_job build_glua; start_job build_promtool; start_job fetch_gie_crd ;;
   checks) build_glua; build_promtool; say "checkers ready"; exit 0 ;;
   run) ;;
   *) say "DUPLEX_TOOLS=$TOOLS: expected all, run or checks"; exit 2 ;;

@@ -19,6 +19,10 @@
 : "${PROMTOOL_VERSION:=0.316.0}"
 : "${GOPHER_LUA_VERSION:=1.1.2}"
 
+# The Gateway API Inference Extension's InferencePool CRD, copied out of its Go module (hack/build-tools.sh, never
+# committed): the integration tier applies the InferencePools the operator renders (router.inferencePool) against it.
+: "${GIE_VERSION:=1.6.2}"
+
 # The project's virtualenv: NIXL's DRAM/UCX transport for the simulator.
 : "${NIXL_VERSION:=1.5.1}"
 

@@ -35,7 +35,11 @@ def _members(serving: str, rev: str, pods: Sequence[Mapping[str, Any]]) -> dict[
     for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name"))):
         meta = pod.get("metadata") or {}
         labels = meta.get("labels") or {}
-        if labels.get(SERVING_LABEL) != serving or labels.get(KV_REVISION_LABEL) != rev or meta.get("deletionTimestamp"):
+        if (
+            labels.get(SERVING_LABEL) != serving
+            or labels.get(KV_REVISION_LABEL) != rev
+            or meta.get("deletionTimestamp")
+        ):
             continue
         role = labels.get(ROLE_LABEL)
         if role in out:

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from duplex import metrics, replicas, status
-from duplex.apierrors import ApiError
+from duplex.apierrors import ApiError, Failure
 from duplex.children.engine_key import secret_name, with_fresh_key
-from duplex.children.kinds import CHILD_KINDS, SECRET
+from duplex.children.kinds import CHILD_KINDS, SECRET, kind_of
 from duplex.converge import key, owned_by
 from duplex.kube import Kube
 from duplex.policy import Policy
@@ -76,7 +76,14 @@ def _reconcile(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Mapping
         handover = handovers.get(key(obj))
         if handover and handover.before_apply:  # before the apply that drops the operator's claim on replicas
             _hand_over(kube, handover.deployment)
-        current[key(obj)] = kube.apply(obj)
+        try:
+            current[key(obj)] = kube.apply(obj)
+        except ApiError as err:
+            kind = kind_of(obj)
+            if not (kind is not None and kind.optional and err.failure is Failure.NOT_FOUND):
+                raise
+            _missing_crd(kube, parent, obj)  # the rest of the pass goes on: deletes, status, Events
+            continue
         if handover and not handover.before_apply:  # the Deployment was just created with no replicas of its own
             current[key(obj)] = _hand_over(kube, handover.deployment)
         metrics.WRITES.labels("apply", obj["kind"]).inc()
@@ -100,6 +107,18 @@ def _reconcile(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Mapping
         kube.post_event(dict(parent), event.type, event.reason, event.message)
     metrics.RECONCILES.labels("invalid" if result.invalid is not None else "ok").inc()
     return out
+
+
+def _missing_crd(kube: Kube, parent: Mapping[str, Any], obj: dict[str, Any]) -> None:
+    """A child of an optional kind (its CRD is an extension's) that the cluster does not serve."""
+    kind = kind_of(obj)
+    assert kind is not None
+    message = (
+        f"{kind.kind}/{obj['metadata']['name']} was not applied: this cluster does not serve {kind.plural}."
+        f"{kind.group} (install the extension's CRDs, or turn the feature off in the spec)"
+    )
+    log.warning("%s/%s: %s", parent["metadata"]["namespace"], parent["metadata"]["name"], message)
+    kube.post_event(dict(parent), "Warning", "ExtensionMissing", message)
 
 
 def _hand_over(kube: Kube, deployment: dict[str, Any]) -> dict[str, Any]:

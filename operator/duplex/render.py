@@ -16,6 +16,7 @@ from duplex.api.spec import DisaggregatedServingSpec
 from duplex.children.engine import ROLES, engine_deployment
 from duplex.children.engine_guard import engine_guard_configmap
 from duplex.children.engine_key import engine_key_secret
+from duplex.children.inference_pool import inference_pool
 from duplex.children.network_policy import network_policies
 from duplex.children.router import fabric_configmap, router_configmap, router_deployment, router_rbac
 from duplex.children.services import drain_service, engine_service, router_service
@@ -125,6 +126,7 @@ def desired_children(
     for role in ROLES:
         objs.append(engine_deployment(spec, name, ns, role, key_uid, (planned or {}).get(role)))
     objs.append(router_deployment(spec, name, ns, key_uid))
+    objs += inference_pool(spec, name, ns)  # last: its CRD may be missing, and the workloads must not wait for it
     return revision.stamp(objs, legacy)
 
 

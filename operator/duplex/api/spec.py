@@ -667,6 +667,40 @@ class GatewaySpec(Model):
     )
 
 
+ServiceName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")]
+
+
+class EndpointPickerSpec(Model):
+    """The Endpoint Picker (EPP) a Gateway asks which router pod takes each request: a Service of yours, in the
+    serving's namespace. Its pick only balances the routers: they are no vLLM servers (their API port exports no vLLM
+    metrics), and they still choose the engines."""
+
+    name: ServiceName = Field(description="Name of the EPP's Service, in the serving's namespace.")
+    port: int = Field(9002, ge=1, le=65535, description="Port of the EPP's Service (its ext-proc gRPC port).")
+    failure_mode: Literal["FailOpen", "FailClose"] = Field(
+        "FailOpen",
+        description="When the EPP does not answer: FailOpen lets the Gateway pick a router itself (any router serves "
+        "any conversation: replicated routers share the Redis store), FailClose drops the request.",
+    )
+
+
+class InferencePoolSpec(Model):
+    """An InferencePool (Gateway API Inference Extension, inference.networking.k8s.io/v1) named <name>-router that
+    selects the router pods, for Gateways whose HTTPRoutes name InferencePools as backends. An HTTPRoute to the
+    router Service needs none of this."""
+
+    enabled: bool = Field(
+        False,
+        description="Render the InferencePool (the extension's CRDs must be installed), and label engine pods "
+        "llm-d.ai/role prefill or decode. Turning it on or off rolls the engines once, keeping their KV.",
+    )
+    endpoint_picker: EndpointPickerSpec | None = Field(
+        None,
+        description="The EPP the Gateway calls for the pool. Unset: the pool has no endpointPickerRef, which most "
+        "Gateway implementations refuse (Accepted False, EndpointPickerRefMissing).",
+    )
+
+
 class RouterSpec(Model):
     RULES = (
         Rule(
@@ -733,6 +767,9 @@ class RouterSpec(Model):
         "anonymous tenant's misses carry no reason.",
     )
     canary: CanarySpec = Field(default_factory=CanarySpec, description="Verified disaggregation after each rollout.")
+    inference_pool: InferencePoolSpec = Field(
+        default_factory=InferencePoolSpec, description="An InferencePool of the router pods, for a Gateway in front."
+    )
 
 
 def _decode_tp_ok(s: DisaggregatedServingSpec) -> bool:

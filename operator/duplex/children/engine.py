@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from duplex.api.spec import DisaggregatedServingSpec, RoleSpec
-from duplex.children import efa, engine_guard, engine_key, lifecycle, preflight
+from duplex.children import efa, engine_guard, engine_key, inference_pool, lifecycle, preflight
 from duplex.children.kinds import DEPLOYMENT
 from duplex.children.kv_config import kv_transfer_json
 from duplex.children.labels import ENGINE_HASH_ANNOTATION, HTTP_PORT, child_name, labels, selector
@@ -158,8 +158,10 @@ def engine_deployment(
     if role.spec.priority_class_name:
         pod_spec["priorityClassName"] = role.spec.priority_class_name
     meta_labels = labels(serving, role.name)
-    # No version label on pods: upgrading the operator alone must not roll GPU engines.
+    # No version label on pods: upgrading the operator alone must not roll GPU engines. llm-d's role label only
+    # with router.inferencePool.enabled, for the same reason.
     pod_labels = {k: v for k, v in meta_labels.items() if k != "app.kubernetes.io/version"}
+    pod_labels |= inference_pool.engine_pod_labels(spec, role.name)
     # scaling.mode External: another controller writes replicas (the operator hands them over, duplex.replicas).
     mode = role.spec.scaling.mode
     replicas = {} if mode == "External" else {"replicas": role.spec.replicas}

@@ -28,6 +28,7 @@ class ChildKind:
     namespaced: bool = True
     verbs: tuple[str, ...] = CHILD_VERBS
     watched: bool = True  # listed and watched (its own kopf index); else read by name in each pass
+    optional: bool = False  # its CRD may be absent: kopf watches the kind only while the cluster serves it
 
     @property
     def api_version(self) -> str:
@@ -47,9 +48,13 @@ SERVICE = ChildKind("", "v1", "Service", "services")
 SECRET = ChildKind("", "v1", "Secret", "secrets", verbs=CREATE_ONLY_VERBS, watched=False)
 NETWORK_POLICY = ChildKind("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies")
 DEPLOYMENT = ChildKind("apps", "v1", "Deployment", "deployments")
+# The Gateway API Inference Extension's pool of the router pods, with router.inferencePool.enabled only. Clusters
+# without the extension's CRD run as before: kopf follows CRDs and serves a watched kind only once its CRD exists.
+# A serving that enables the pool there fails its pass on this apply (404), which comes last, after its workloads.
+INFERENCE_POOL = ChildKind("inference.networking.k8s.io", "v1", "InferencePool", "inferencepools", optional=True)
 
 # Apply order: the router's identity, its config, the engine key and the policies exist before the workloads that
-# mount, read or are fenced by them.
+# mount, read or are fenced by them; kinds whose CRD may be missing come last.
 CHILD_KINDS: tuple[ChildKind, ...] = (
     SERVICE_ACCOUNT,
     ROLE,
@@ -59,6 +64,7 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
     SERVICE,
     NETWORK_POLICY,
     DEPLOYMENT,
+    INFERENCE_POOL,
 )
 WATCHED_CHILD_KINDS = tuple(k for k in CHILD_KINDS if k.watched)
 

@@ -145,6 +145,10 @@ FULL: dict[str, Any] = {
         "gateway": {"keys": ["envoy"], "tenantHeader": "X-User"},
         "receipts": False,
         "canary": {"enabled": False, "promptWords": 500},
+        "inferencePool": {
+            "enabled": True,
+            "endpointPicker": {"name": "qwen-epp", "port": 9102, "failureMode": "FailClose"},
+        },
     },
     "autoscaling": {
         "targetSaturation": 0.9,
@@ -284,6 +288,7 @@ DEFAULTS: dict[str, Any] = {
         "gateway": None,
         "receipts": True,
         "canary": {"enabled": True, "promptWords": None},
+        "inferencePool": {"enabled": False, "endpointPicker": None},
     },
     "autoscaling": {
         "targetSaturation": 0.75,

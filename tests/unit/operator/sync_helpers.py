@@ -134,6 +134,9 @@ class RecordingKube:
     def annotate_pod(self, pod: dict[str, Any]) -> None:
         self.calls.append(("annotate", *refs([pod])))
 
+    def patch_pod_status(self, pod: dict[str, Any]) -> None:
+        self.calls.append(("pod_status", *refs([pod])))
+
     def hand_over(self, obj: dict[str, Any], manager: str) -> dict[str, Any]:
         self.calls.append((f"hand_over:{manager}", *refs([obj])))
         return copy.deepcopy(obj)

@@ -57,7 +57,10 @@ def test_only_the_wanted_revision_of_this_serving_and_pods_not_leaving() -> None
         pod("p0", "prefill", rev="old00000"),
         pod("d0", "decode"),
         pod("p1", "prefill", deletionTimestamp="t"),
-        {**pod("p2", "prefill"), "metadata": {**pod("p2", "prefill")["metadata"], "labels": {"duplex.dev/serving": "x"}}},
+        {
+            **pod("p2", "prefill"),
+            "metadata": {**pod("p2", "prefill")["metadata"], "labels": {"duplex.dev/serving": "x"}},
+        },
     ]
     assert opened(pods) == []
 
@@ -71,3 +74,26 @@ def test_ratio_and_scaled_to_zero() -> None:
 
 def test_pods_from_before_revisions_have_no_gate() -> None:
     assert gate_patches("demo", "", {"prefill": 1, "decode": 1}, [pod("p", "prefill", rev="")], "t") == []
+
+
+def test_a_pass_opens_the_gates_of_the_revision_it_renders() -> None:
+    from sync_helpers import T1, RecordingKube, observed, parent
+
+    from duplex import reconcile, revision
+    from duplex.sync import sync
+
+    live = observed(parent())
+    (prefill,) = [o for o in live if o["kind"] == "Deployment" and o["metadata"]["name"] == "demo-prefill"]
+    rev = revision.of_template(prefill["spec"]["template"])
+    assert rev
+    pods = [{**pod(f"{r}-0", r, rev=rev), "apiVersion": "v1"} for r in ("prefill", "decode")]
+    for p in pods:
+        p["metadata"]["labels"]["duplex.dev/serving"] = "demo"
+    result = sync(parent(), [*live, *pods], None, at=T1)
+    assert sorted(p["metadata"]["name"] for p in result.gates) == ["decode-0", "prefill-0"]
+    kube = RecordingKube()
+    reconcile.reconcile_once(kube, parent(), [*live, *pods])  # type: ignore[arg-type]
+    assert {c for c in kube.calls if c[0] == "pod_status"} == {
+        ("pod_status", "Pod/decode-0"),
+        ("pod_status", "Pod/prefill-0"),
+    }

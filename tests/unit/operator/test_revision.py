@@ -84,5 +84,9 @@ def test_an_operator_upgrade_rolls_no_engine_and_the_next_incompatible_change_st
     decode = _deployments(compatible)["demo-decode"]["spec"]["template"]
     assert revision.of_template(decode) == "" and "demo-prefill" not in _deployments(compatible)
     incompatible = _deployments(sync(parent({"model": {"blockSize": 32}}), live, None, at="t"))
-    revs = {revision.of_template(d["spec"]["template"]) for d in incompatible.values() if "router" not in d["metadata"]["name"]}
+    revs = {
+        revision.of_template(d["spec"]["template"])
+        for d in incompatible.values()
+        if "router" not in d["metadata"]["name"]
+    }
     assert len(revs) == 1 and revs != {""} and set(incompatible) >= {"demo-prefill", "demo-decode"}
