@@ -9,7 +9,8 @@ decode pods at the same pace and keeps at least one of each until the new one is
 with prefill but no decode. The router sends each turn to one revision (the one the role Services name once it has
 both roles Ready), so the old pods still serve the turns of the old revision until they go.
 
-A KV-compatible roll or a scale-up opens at once: the other role is already whole. Pure: pods in, status patches
+Once the other role has all its replicas' containers ready, every ready pod opens: a KV-compatible roll's surge pods
+and a scale-up open at once. Pure: pods in, status patches
 out; the gates are derived from the pods on every pass (no rollout state is kept anywhere).
 """
 
@@ -67,7 +68,12 @@ def gate_patches(
     patches = []
     for role in ENGINE_ROLES:
         other = "decode" if role == "prefill" else "prefill"
-        limit = min(ready[role], allowed(replicas.get(role, 1), ready[other], replicas.get(other, 1)))
+        whole = ready[other] >= replicas.get(other, 1)  # then nothing to wait for: a compatible roll's surge pods
+        limit = (
+            ready[role]
+            if whole
+            else min(ready[role], allowed(replicas.get(role, 1), ready[other], replicas.get(other, 1)))
+        )
         opened = sum(_condition(p, GATE) for p in members[role])
         for pod in members[role]:
             if opened >= limit:

@@ -278,6 +278,27 @@ def test_a_kv_incompatible_change_rolls_both_roles_in_lockstep_under_load(servin
     assert engine["metadata"]["labels"]["duplex.dev/kv-revision"] in after
 
 
+def test_a_kv_compatible_change_rolls_decode_and_the_conversation_keeps_reusing(serving: Cluster) -> None:
+    """A decode env change keeps the KV revision: the roll's new pod opens its readiness gate at once (prefill is
+    whole), and the conversation reads its history from the draining old pod, then reuses on the new one."""
+    chat, counters = Chat(serving), Counters(serving)
+    chat.turn()
+    chat.turn()
+    (old,) = counters.engines("decode")
+    patch = {"spec": {"decode": {"env": [{"name": "E2E_ROLL", "value": "1"}]}}}
+    serving.kubectl("-n", NAMESPACE, "patch", "dsv", SERVING, "--type=merge", "-p", json.dumps(patch))
+    new = wait_for(
+        lambda: [p for p in counters.engines("decode") if p["metadata"]["name"] != old["metadata"]["name"]],
+        180,
+        "the roll's decode pod Ready",
+    )
+    assert new[0]["metadata"]["labels"]["duplex.dev/kv-revision"] == old["metadata"]["labels"]["duplex.dev/kv-revision"]
+    hits = counters.router("duplex_router_kv_reuse_hits_total")
+    chat.turn()
+    chat.turn()
+    assert counters.router("duplex_router_kv_reuse_hits_total") == hits + 2
+
+
 def test_a_real_hpa_scales_decode_pods_that_really_run_and_reuse_goes_on(serving: Cluster) -> None:
     """decode handed to a HorizontalPodAutoscaler (scaling.mode External): the operator gives up .spec.replicas
     without changing it, the HPA (the kube-controller-manager's, below its minimum it needs no metrics) adds a

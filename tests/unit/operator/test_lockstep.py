@@ -65,6 +65,12 @@ def test_only_the_wanted_revision_of_this_serving_and_pods_not_leaving() -> None
     assert opened(pods) == []
 
 
+def test_a_compatible_rolls_surge_pod_opens_while_the_other_role_is_whole() -> None:
+    # one replica each: the old decode pod (same revision, gate open) and the roll's surge pod
+    pods = [pod("p0", "prefill", gated=True), pod("d-old", "decode", gated=True), pod("d-new", "decode")]
+    assert opened(pods, 1, 1) == ["d-new"]
+
+
 def test_ratio_and_scaled_to_zero() -> None:
     assert allowed(2, 1, 8) == 1  # 1 of 8 decode: still one prefill
     assert allowed(8, 1, 2) == 4
