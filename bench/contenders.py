@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from duplex_dev.launch.router import RouterProcess
 from duplex_dev.processes import LaunchError, Startup, answers, free_port
 from duplex_sidecars import protocol
+from duplex_sidecars.router.config_file import deep_merge
 
 VLLM_ROUTER_VERSION = "0.1.17"
 CHAT_PATH = "/v1/chat/completions"
@@ -91,11 +92,15 @@ class DuplexRouter(_HttpRouter):
         name: str = "duplex",
         pythonpath: str | None = None,
         entry: list[str] | None = None,
+        config: dict[str, Any] | None = None,
     ):
         """`pythonpath` runs another tree's router (an exported git revision) in place of this one; `entry` another
-        way of starting it (uvicorn's front)."""
+        way of starting it (uvicorn's front); `config` is laid over the router's config (a variant's)."""
         self.name = name
-        config = {"conversation": {"ttl_seconds": conversation_ttl, "engine_blocks_ttl_seconds": engine_blocks_ttl}}
+        config = deep_merge(
+            {"conversation": {"ttl_seconds": conversation_ttl, "engine_blocks_ttl_seconds": engine_blocks_ttl}},
+            config or {},
+        )
         env = {"PYTHONPATH": pythonpath} if pythonpath else None
         self.process = RouterProcess(
             prefill=[prefill_url], decode=[decode_url], config=config, env=env, **({"entry": entry} if entry else {})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -281,7 +282,12 @@ def markdown(results: dict[str, Any]) -> str:
             f"{w['reply_tokens']} tokens) with a `conversation_id`. Engines: `duplex sim`, zero compute delay, "
             f"prefill `{' '.join(s['prefill_args'])}`, decode `{' '.join(s['decode_args'])}`. "
             f"duplex router: conversation TTL {s['duplex_router']['conversation_ttl_s']} s. "
-            + (f"vllm-router: `{s['vllm_router_command']}`." if s.get("vllm_router_command") else ""),
+            + (f"vllm-router: `{s['vllm_router_command']}`." if s.get("vllm_router_command") else "")
+            + "".join(
+                f" duplex+{name}: duplex's router with `{json.dumps(overlay)}` laid over its config."
+                for name, overlay in (s.get("duplex_config") or {}).items()
+            )
+            + (f" Jaeger v2 ({s['jaeger']['version']}) all-in-one, in-memory storage." if s.get("jaeger") else ""),
             "",
             (
                 "*floor* = no router: the load generator runs both legs itself (protocol.py bodies, same HTTP "

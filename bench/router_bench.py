@@ -3,6 +3,8 @@ simulated engines (zero compute delay), plus the memory and lookup cost of the r
 
     python bench/router_bench.py            # the full run (~15 min on 2 cores); writes bench/results/router-<date>.*
     python bench/router_bench.py --quick    # a short smoke run; writes bench/results/tmp/router-<date>-quick.*
+    python bench/router_bench.py --jaeger --duplex-config 'tracing={"tracing": {"endpoint": "$JAEGER"}}'
+                                            # also duplex's router with that config laid over its own: duplex+tracing
 
 See docs/benchmarks.md for what is measured and how to read the numbers.
 """
@@ -45,6 +47,7 @@ from contenders import (
 from loadgen import Workload, run_cell
 
 from duplex_dev.launch.sim import SimProcess
+from duplex_dev.versions import version
 
 CONTENDERS = ("floor", "floor-recompute", "duplex", "duplex-uvicorn", "vllm-router")
 # What each contender's added latency is measured against: the floor doing the same engine work.
@@ -80,6 +83,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="REV",
         help="also run duplex's router as of git revision REV (contender duplex@REV, against the same "
         "floor as duplex), for a before/after in one run; repeatable",
+    )
+    p.add_argument(
+        "--duplex-config",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="also run duplex's router with JSON laid over its config (contender duplex+NAME, against the same floor "
+        "as duplex), for a config's cost side by side; repeatable",
+    )
+    p.add_argument(
+        "--jaeger",
+        action="store_true",
+        help="run a Jaeger v2 all-in-one (hack/build-tools.sh builds it) for the whole run; $JAEGER in a "
+        "--duplex-config stands for its OTLP/HTTP URL",
     )
     w = p.add_argument_group("workload (per conversation)")
     w.add_argument("--turns", type=int, default=Workload.turns)
@@ -147,6 +164,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if c not in CONTENDERS:
             p.error(f"unknown contender {c!r}")
     args.contenders += [f"duplex@{rev}" for rev in args.duplex_at]
+    variants = {}
+    for spec in args.duplex_config:
+        name, _, text = spec.partition("=")
+        try:
+            overlay = json.loads(text)
+        except ValueError as exc:
+            p.error(f"--duplex-config {spec!r}: not NAME=JSON: {exc}")
+        if not name.isidentifier() or not isinstance(overlay, dict):
+            p.error(f"--duplex-config {spec!r}: expected NAME=JSON object, NAME a word")
+        if "$JAEGER" in text and not args.jaeger:
+            p.error(f"--duplex-config {spec!r} names $JAEGER: add --jaeger")
+        variants[name] = overlay
+    args.duplex_config = variants
+    args.contenders += [f"duplex+{name}" for name in variants]
     for m in args.modes:
         if m not in ("non-stream", "stream"):
             p.error(f"unknown mode {m!r}")
@@ -232,7 +263,7 @@ async def _cell(
         "prefill_tokens": prefill_delta,
         "recompute_skips": {k: v for k, v in skips.items() if v},
     }
-    if contender.name.split("@")[0] in ("duplex", "duplex-uvicorn"):  # duplex, duplex@REV, duplex-uvicorn
+    if _family(contender.name) in ("duplex", "duplex-uvicorn"):  # duplex, duplex@REV, duplex+NAME, duplex-uvicorn
         hits = metric_sum(after[1], "duplex_router_kv_reuse_hits_total") - metric_sum(
             before[1], "duplex_router_kv_reuse_hits_total"
         )
@@ -427,14 +458,17 @@ def summarize(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         groups.setdefault((c["stream"], c["clients"], c["contender"]), []).append(c)
     rows = [_row(name, stream, clients, runs, floors) for (stream, clients, name), runs in groups.items()]
     order = {n: i for i, n in enumerate(CONTENDERS)}
-    rows.sort(
-        key=lambda r: (r["stream"], r["clients"], order.get(r["contender"].split("@")[0], len(order)), r["contender"])
-    )
+    rows.sort(key=lambda r: (r["stream"], r["clients"], order.get(_family(r["contender"]), len(order)), r["contender"]))
     return rows
 
 
 def _baseline(name: str) -> str | None:
-    return BASELINE.get(name.split("@")[0])
+    return BASELINE.get(_family(name))
+
+
+def _family(name: str) -> str:
+    """The contender a variant is of: duplex for duplex@REV and duplex+NAME."""
+    return name.split("@")[0].split("+")[0]
 
 
 def export_revision(rev: str, into: str) -> str:
@@ -653,6 +687,24 @@ def main(argv: list[str] | None = None) -> int:
                         pythonpath=export_revision(rev, trees),
                     )
                     load["settings"]["duplex_at"][rev] = commit
+            if args.jaeger:
+                from duplex_dev.launch.jaeger import JaegerProcess, jaeger_binary
+
+                say(f"starting Jaeger ({jaeger_binary()}) ...")
+                jaeger = stack.enter_context(JaegerProcess())
+                load["settings"]["jaeger"] = {"version": version("JAEGER_VERSION"), "otlp": jaeger.otlp_url}
+            for name, overlay in args.duplex_config.items():
+                if args.jaeger:
+                    overlay = json.loads(json.dumps(overlay).replace("$JAEGER", jaeger.otlp_url))
+                contenders[f"duplex+{name}"] = DuplexRouter(
+                    prefill.url,
+                    decode.url,
+                    args.conversation_ttl,
+                    args.engine_blocks_ttl,
+                    name=f"duplex+{name}",
+                    config=overlay,
+                )
+                load["settings"].setdefault("duplex_config", {})[name] = overlay
             if "vllm-router" in args.contenders:
                 contenders["vllm-router"] = VllmRouter(prefill.url, decode.url, args.vllm_router_arg)
                 load["settings"]["vllm_router_command"] = shlex.join(contenders["vllm-router"].command())

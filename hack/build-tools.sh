@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the local cluster's binaries from the Go module proxy into version-keyed caches: the control plane, the real
-# node (kubelet, kube-proxy, containerd, its pause image) and the checkers of the chart (promtool, glua).
+# node (kubelet, kube-proxy, containerd, its pause image), the checkers of the chart (promtool, glua) and the trace
+# backend of the traces tests (Jaeger).
 # Idempotent: a component whose binary is already cached is skipped. Never writes into the repo.
-# DUPLEX_TOOLS=run builds what `make run` needs (no checkers); DUPLEX_TOOLS=checks only the checkers; default: all.
+# DUPLEX_TOOLS=run builds what `make run` needs (no checkers); DUPLEX_TOOLS=checks only the checkers;
+# DUPLEX_TOOLS=traces only Jaeger; default: all.
 set -euo pipefail
 
 HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -161,6 +163,24 @@ build_glua() {
   GOBIN="$dir" go install -trimpath -ldflags "-s -w" "github.com/yuin/gopher-lua/cmd/glua@v$GOPHER_LUA_VERSION"
 }
 
+# The trace backend of the traces tests: Jaeger v2 (cmd/jaeger, the OpenTelemetry collector with Jaeger's storage and
+# query extensions), in a throwaway module, as `go install pkg@version` refuses a module with replace directives.
+build_jaeger() {
+  local dir="$CACHE/jaeger-$JAEGER_VERSION"
+  if [ -x "$dir/jaeger" ]; then say "jaeger v$JAEGER_VERSION (v2, cmd/jaeger): cached"; return; fi
+  say "jaeger v$JAEGER_VERSION (v2, cmd/jaeger): building (cold: about 6 min on 2 cores)"
+  local w; w=$(mktemp -d)
+  (
+    cd "$w"
+    printf 'module local/duplexjaeger\n\ngo 1.24\n' > go.mod
+    go get -tool "github.com/jaegertracing/jaeger/cmd/jaeger@v$JAEGER_VERSION"
+    mkdir -p "$dir"
+    go build -trimpath -ldflags "-s -w" -o "$dir/jaeger.tmp" github.com/jaegertracing/jaeger/cmd/jaeger
+    mv "$dir/jaeger.tmp" "$dir/jaeger"
+  )
+  rm -rf "$w"
+}
+
 # The InferencePool CRD of the Gateway API Inference Extension, as its release ships it: nothing to build, a file
 # out of the module's source (the integration tier applies it; the repo never holds it).
 fetch_gie_crd() {
@@ -181,10 +201,11 @@ fetch_gie_crd() {
 jobs=()
 start_job() { ( "$@" ) & jobs+=("$!:$1"); }
 case $TOOLS in
-  all) start_job build_glua; start_job build_promtool; start_job fetch_gie_crd ;;
+  all) start_job build_glua; start_job build_promtool; start_job fetch_gie_crd; start_job build_jaeger ;;
   checks) build_glua; build_promtool; say "checkers ready"; exit 0 ;;
+  traces) build_jaeger; say "jaeger ready in $CACHE/jaeger-$JAEGER_VERSION"; exit 0 ;;
   run) ;;
-  *) say "DUPLEX_TOOLS=$TOOLS: expected all, run or checks"; exit 2 ;;
+  *) say "DUPLEX_TOOLS=$TOOLS: expected all, run, checks or traces"; exit 2 ;;
 esac
 start_job build_k8s
 start_job build_etcd

@@ -3,8 +3,8 @@
 #   venv  the project virtualenv (.venv) with the nixl DRAM transport: lint, types and unit tests (`make test-fast`)
 #   run   + Debian packages (runc, buildah, mmdebstrap, redis-server, ...) and the Go-built local cluster with its real
 #         node (control plane, kwok, helm, kubelet, kube-proxy, containerd, the pause image): `make run`
-#   test  + the chart's checkers (promtool, glua), the Gateway API Inference Extension's InferencePool CRD, vLLM's own
-#         parser, vLLM's CPU build and the project's test model:
+#   test  + the chart's checkers (promtool, glua), the Gateway API Inference Extension's InferencePool CRD, the trace
+#         backend (Jaeger), vLLM's own parser, vLLM's CPU build and the project's test model:
 #         every tier (`make test`, the default)
 # Idempotent; each step says what it does and how long it took, and its estimate when it is cold.
 set -euo pipefail
@@ -48,7 +48,7 @@ if [ "$LEVEL" = run ]; then
   step "local cluster binaries: control plane, kwok, helm, the real node (cold: about 10 min on 2 cores)"
   DUPLEX_TOOLS=run bash hack/build-tools.sh > "$CACHE/tools-dir.txt"
 else
-  step "local cluster binaries, the chart's checkers and the InferencePool CRD (cold: about 13 min on 2 cores; about 3.5 after the run level)"
+  step "local cluster binaries, the chart's checkers, the InferencePool CRD and Jaeger (cold: about 17 min on 2 cores; about 10 after the run level)"
   bash hack/build-tools.sh > "$CACHE/tools-dir.txt"
 fi
 echo "tools in $(cat "$CACHE/tools-dir.txt")"

@@ -23,6 +23,12 @@
 # committed): the integration tier applies the InferencePools the operator renders (router.inferencePool) against it.
 : "${GIE_VERSION:=1.6.2}"
 
+# The trace backend the traces tests export to (hack/build-tools.sh): Jaeger v2, `cmd/jaeger` of the Go module
+# github.com/jaegertracing/jaeger (the OpenTelemetry collector with Jaeger's OTLP receiver, in-memory storage and
+# query API), which v2 releases are tagged v1.x of. tests/integration/test_traces.py and the router benchmark's
+# tracing variant run it all-in-one.
+: "${JAEGER_VERSION:=1.75.0}"
+
 # The project's virtualenv: NIXL's DRAM/UCX transport for the simulator.
 : "${NIXL_VERSION:=1.5.1}"
 

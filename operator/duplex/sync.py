@@ -20,6 +20,7 @@ from duplex import auto_threshold, kv_change, lockstep, planner, replicas, revis
 from duplex import status as status_of
 from duplex.api.status import DisaggregatedServingStatus, EngineChange
 from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, POD, SECRET, apply_rank, kind_of
+from duplex.children.labels import ROLE_LABEL
 from duplex.children.router import fabric_configmap_name
 from duplex.converge import key, plan, with_owner
 from duplex.policy import DEFAULT as DEFAULT_POLICY
@@ -168,7 +169,7 @@ def _revision_sizes(
     else the desired one's."""
     rev, sizes = "", {}
     for obj in desired:
-        role = ((obj.get("metadata") or {}).get("labels") or {}).get("duplex.dev/role")
+        role = ((obj.get("metadata") or {}).get("labels") or {}).get(ROLE_LABEL)
         if kind_of(dict(obj)) is not DEPLOYMENT or role not in revision.ENGINE_ROLES:
             continue
         rev = revision.of_template(obj["spec"]["template"]) or ""

@@ -783,6 +783,30 @@ def _router_ttl_ok(s: DisaggregatedServingSpec) -> bool:
     return ttl is None or ttl_below_engines(ttl, s.kv_transfer.decode_blocks_ttl)
 
 
+class TracingSpec(Model):
+    """OpenTelemetry traces: the routers' spans (a request, each leg, the reuse verdict) and the engines' own, joined
+    into one trace per request by the W3C traceparent the router sends each leg."""
+
+    endpoint: str | None = Field(
+        None,
+        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="OTLP/HTTP base URL of a trace collector, e.g. http://otel-collector.observability:4318; spans "
+        "go to <endpoint>/v1/traces. Unset: nothing is traced.",
+    )
+    sample_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Share of requests the routers trace, by trace id; a request whose client sent a traceparent "
+        "follows the client's decision. The engines follow the router's.",
+    )
+    engines: bool = Field(
+        True,
+        description="Also render vLLM's --otlp-traces-endpoint on the engine pods (their image must hold vLLM's "
+        "OpenTelemetry packages). Changing it rolls the engines, KV-compatibly.",
+    )
+
+
 class DisaggregatedServingSpec(Model):
     """Desired state of a prefill-decode disaggregated vLLM deployment with bidirectional KV transfer."""
 
@@ -838,3 +862,4 @@ class DisaggregatedServingSpec(Model):
     autoscaling: AutoscalingSpec = Field(
         default_factory=AutoscalingSpec, description="The planner of roles in scaling.mode Automatic."
     )
+    tracing: TracingSpec = Field(default_factory=TracingSpec, description="OpenTelemetry traces.")

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from duplex.api.spec import DisaggregatedServingSpec, RoleSpec
-from duplex.children import efa, engine_guard, engine_key, inference_pool, lifecycle, preflight
+from duplex.children import efa, engine_guard, engine_key, inference_pool, lifecycle, preflight, tracing
 from duplex.children.kinds import DEPLOYMENT
 from duplex.children.kv_config import kv_transfer_json
 from duplex.children.labels import ENGINE_HASH_ANNOTATION, HTTP_PORT, child_name, labels, selector
@@ -46,10 +46,11 @@ def vllm_args(spec: DisaggregatedServingSpec, role: EngineRole) -> list[str]:
     args += ["--kv-transfer-config", kv_transfer_json(spec, role.name)]
     args += engine_guard.args()  # the engine key on every path but /health and /metrics
     args += lifecycle.args(spec, role.name)  # keep stepping after SIGTERM for the work still owed
+    args += tracing.engine_args(spec)  # vLLM's own spans, in the router's traces
     return args + list(model.extra_args) + list(role.spec.extra_args)
 
 
-def _env(spec: DisaggregatedServingSpec, role: RoleSpec, serving: str) -> list[dict[str, Any]]:
+def _env(spec: DisaggregatedServingSpec, role: RoleSpec, serving: str, role_name: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [
         # vLLM refuses /v1/* without this Bearer token; only the router holds it.
         engine_key.env(serving, engine_key.ENGINE_ENV),
@@ -63,7 +64,7 @@ def _env(spec: DisaggregatedServingSpec, role: RoleSpec, serving: str) -> list[d
         out.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     if spec.model.cache:
         out.append({"name": "HF_HOME", "value": spec.model.cache.mount_path})
-    out += efa.env(spec) + efa.accelerator_env(role)
+    out += efa.env(spec) + efa.accelerator_env(role) + tracing.engine_env(spec, serving, role_name)
     # The role's entry of a name overrides the model's (one entry per name: server-side apply refuses two).
     user = {e.name: e.model_dump(by_alias=True, exclude_none=True) for e in (*spec.model.env, *role.env)}
     return [e for e in out if e["name"] not in user] + list(user.values())
@@ -105,7 +106,7 @@ def engine_container(
         "imagePullPolicy": spec.model.image_pull_policy,
         "command": ["vllm", "serve"],
         "args": vllm_args(spec, role),
-        "env": _env(spec, role.spec, serving),
+        "env": _env(spec, role.spec, serving, role.name),
         "ports": [
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
             {"name": "nixl-side", "containerPort": spec.kv_transfer.side_channel_port, "protocol": "TCP"},

@@ -7,7 +7,7 @@ from typing import Any
 
 from duplex.api.quantity import quantity
 from duplex.api.spec import DisaggregatedServingSpec
-from duplex.children import engine_key, lifecycle
+from duplex.children import engine_key, lifecycle, tracing
 from duplex.children.engine import served_model_name
 from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, ROLE, ROLE_BINDING, SERVICE_ACCOUNT
 from duplex.children.kv_config import backend, engine_threshold, kv_transfer_config, router_threshold, router_ttl
@@ -118,6 +118,7 @@ def router_config(
         engine_api_key_env=engine_key.ROUTER_ENV,
         client_keys_dir=CLIENT_KEYS_DIR if spec.router.client_keys_secret else None,
         receipts=spec.router.receipts,
+        tracing=tracing.router_config(spec, serving),
         capacity=CapacityConfig(prefill_slots=spec.prefill.max_num_seqs, decode_slots=spec.decode.max_num_seqs),
         gateway=(
             GatewayConfig(keys=list(gateway.keys), tenant_header=gateway.tenant_header)

@@ -3,6 +3,7 @@ the HTTP routes (OpenAI-compatible completions, models, health, readiness, metri
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import hmac
@@ -60,13 +61,16 @@ class Router:
         source: ConfigSource | None = None,
         store: Store | None = None,
         resolver: aiohttp.abc.AbstractResolver | None = None,
+        span_exporter: Any = None,
     ):
+        """`span_exporter`: with tracing on, an OpenTelemetry SpanExporter that takes the spans in place of the
+        configured endpoint (tests)."""
         self.source = source
         self._resolver = resolver
         self.metrics = RouterMetrics()
         self.engines = Engines(self.metrics)
         self.store: Store = store or make_store(config.store, engine_api_key_of(config))  # seals Redis entries
-        self.live = Live.first(config, self.engines, self.store, make_leg_client(resolver), self.metrics)
+        self.live = Live.first(config, self.engines, self.store, make_leg_client(resolver), self.metrics, span_exporter)
         self._show_store_bound()
         self.limits = Limits(
             lambda: self.config.max_body_bytes,
@@ -228,6 +232,9 @@ class Router:
         await self.live.deps.client.close()
         if self.session is not None:
             await self.session.close()
+        tracer = self.live.deps.tracer
+        if tracer is not None:
+            await asyncio.to_thread(tracer.shutdown)  # the spans still queued go out, within a bounded wait
 
     # ---- endpoints -----------------------------------------------------------------------------------------------
 
@@ -276,12 +283,17 @@ class Router:
         warn_of_restart(self.config, new)
         self.store.set_bounds(new.store.max_entries, new.store.max_bytes)
         self._show_store_bound()
+        old_tracer = self.live.deps.tracer
         self.live = self.live.reloaded(new)
         if self.prober is not None:
             hc = new.health_check
             self.prober.reconfigure(hc.path, hc.interval_seconds, hc.timeout_seconds, self.live.engine_headers())
         self.apply_limits()
         await self._use_endpoints(new)
+        if old_tracer is not None and old_tracer is not self.live.deps.tracer:
+            # New tracing settings: the old tracer's queued spans go out. Requests in flight keep the old
+            # generation, and their spans that end from here on are dropped.
+            await asyncio.to_thread(old_tracer.shutdown)
 
     async def _reload_if_changed(self) -> None:
         """One round of the reload loop: the client keys, then the config file. Neither part's failure stops the
@@ -368,6 +380,8 @@ async def _completions(router: Router, request: Request) -> None:
     route = api.route
     status = 500
     now = router.live  # one generation for the whole request
+    tracer = now.deps.tracer
+    trace = tracer.request(request, route) if tracer is not None else None
     try:
         client = authenticated(router, request)
         raw = body_of(request, now.config.max_body_bytes)
@@ -375,7 +389,9 @@ async def _completions(router: Router, request: Request) -> None:
         turn = parse_turn(
             request, raw, config.conversation, config.served_model_names, client, config.gateway, config.receipts
         )
-        status = await pipeline.handle(now.deps, request, turn)
+        if trace is not None:
+            trace.parsed(turn)
+        status = await pipeline.handle(now.deps, request, turn, trace)
     except RouterError as exc:
         status = exc.status
         send_router_error(request, exc, api.error_body)
@@ -385,6 +401,8 @@ async def _completions(router: Router, request: Request) -> None:
         raise
     finally:
         router.metrics.requests.labels(route, str(status)).inc()
+        if trace is not None:
+            trace.end(status)
 
 
 def authenticated(router: Router, request: Request) -> str | None:

@@ -308,6 +308,28 @@ class GatewayConfig(_Strict):
     )
 
 
+class TracingConfig(_Strict):
+    """OpenTelemetry traces of the requests the router serves (router/tracing.py): a span per request, one per leg
+    attempt, and the W3C traceparent of each leg sent to its engine, whose own spans (vLLM's
+    --otlp-traces-endpoint) join the same trace. Exported over OTLP/HTTP in batches."""
+
+    endpoint: str | None = Field(
+        None,
+        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="OTLP/HTTP base URL of the collector, e.g. http://collector:4318; spans go to <endpoint>/v1/traces "
+        "(a URL that already ends in /v1/traces is used as it is). Unset: no tracing, and nothing is created on the "
+        "request path.",
+    )
+    sample_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Share of requests traced, by trace id; a request whose client sent a traceparent follows the "
+        "client's sampling decision instead (a parent-based ratio sampler).",
+    )
+    service_name: str = Field("duplex-router", min_length=1, description="The service.name of the router's spans.")
+
+
 class RouterConfig(_Strict):
     host: str = "0.0.0.0"
     port: int = Field(8000, ge=1, le=65535)
@@ -350,6 +372,7 @@ class RouterConfig(_Strict):
         "to the first byte and the reuse verdict (router/receipt.py). It names no engine, and the anonymous "
         "tenant's misses carry no reason.",
     )
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
     engine_api_key_env: str | None = Field(
         None, description="Environment variable whose value is sent to the engines as a Bearer token."
     )

@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -90,10 +91,13 @@ def make_leg_client(resolver: aiohttp.abc.AbstractResolver | None = None) -> Leg
     return LegClient(EngineClient(resolve))
 
 
-def leg_headers(request_id: str, api_key: str | None) -> dict[str, str]:
+def leg_headers(request_id: str, api_key: str | None, trace: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A leg's headers; `trace`: the W3C trace context of the leg's span (router/tracing.py), when tracing is on."""
     headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
+    if trace:
+        headers.update(trace)
     return headers
 
 

@@ -1,12 +1,13 @@
 """What one config generation decides, frozen: the request path's dependencies (`pipeline.Deps`), the placement
-costs and the client keys. A reload builds the next generation from the new config and the router swaps it in whole,
-so a request (and /ready) reads one generation throughout and nothing changes under it."""
+costs, the client keys and the tracer. A reload builds the next generation from the new config and the router swaps
+it in whole, so a request (and /ready) reads one generation throughout and nothing changes under it."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from duplex_sidecars.router import pipeline
 from duplex_sidecars.router.calibration import Calibration
@@ -19,6 +20,9 @@ from duplex_sidecars.router.metrics import RouterMetrics
 from duplex_sidecars.router.picker import Picker, decode_picker, prefill_picker
 from duplex_sidecars.router.store import Store
 
+if TYPE_CHECKING:
+    from duplex_sidecars.router.tracing import RouterTracer
+
 
 @dataclass(frozen=True)
 class Live:
@@ -28,10 +32,17 @@ class Live:
     deps: pipeline.Deps
     leg_costs: LegCosts  # /ready shows its rates whatever the placement; only the cost placement's legs use it
     client_keys: ClientKeys | None
+    span_exporter: Any = None  # with tracing on, where spans go in place of its endpoint (tests: in memory)
 
     @classmethod
     def first(
-        cls, config: RouterConfig, engines: Engines, store: Store, client: LegClient, metrics: RouterMetrics
+        cls,
+        config: RouterConfig,
+        engines: Engines,
+        store: Store,
+        client: LegClient,
+        metrics: RouterMetrics,
+        span_exporter: Any = None,
     ) -> Live:
         """Generation 1, over the router's long-lived parts (a fabric watch joins them once the router has started)."""
         calibration = calibration_of(config)
@@ -50,8 +61,15 @@ class Live:
             engine_api_key=engine_api_key_of(config),
             calibration=calibration,
             leg_costs=cost_placement(config, leg_costs),
+            tracer=tracer_of(config, span_exporter),
         )
-        return cls(generation=1, deps=deps, leg_costs=leg_costs, client_keys=client_keys_of(config))
+        return cls(
+            generation=1,
+            deps=deps,
+            leg_costs=leg_costs,
+            client_keys=client_keys_of(config),
+            span_exporter=span_exporter,
+        )
 
     @property
     def config(self) -> RouterConfig:
@@ -65,7 +83,8 @@ class Live:
     def reloaded(self, new: RouterConfig) -> Live:
         """The next generation. What `new` leaves alone carries over: the calibration's samples unless its settings
         change (a new window starts empty), the placement costs unless they or the calibration change, the client
-        keys unless their directory changes."""
+        keys unless their directory changes, the tracer unless the tracing settings change (the router then shuts
+        the old one down)."""
         old, deps = self.config, self.deps
         recalibrate = new.reuse.model_dump(exclude={"min_tokens"}) != old.reuse.model_dump(exclude={"min_tokens"})
         calibration = calibration_of(new) if recalibrate else deps.calibration
@@ -76,6 +95,7 @@ class Live:
         client_keys = self.client_keys
         if new.client_keys_dir != old.client_keys_dir:
             client_keys = client_keys_of(new)
+        tracer = deps.tracer if new.tracing == old.tracing else tracer_of(new, self.span_exporter)
         return Live(
             generation=self.generation + 1,
             deps=dataclasses.replace(
@@ -85,9 +105,11 @@ class Live:
                 engine_api_key=engine_api_key_of(new),
                 calibration=calibration,
                 leg_costs=cost_placement(new, leg_costs),
+                tracer=tracer,
             ),
             leg_costs=leg_costs,
             client_keys=client_keys,
+            span_exporter=self.span_exporter,
         )
 
 
@@ -108,3 +130,13 @@ def engine_api_key_of(config: RouterConfig) -> str | None:
 
 def client_keys_of(config: RouterConfig) -> ClientKeys | None:
     return ClientKeys(config.client_keys_dir) if config.client_keys_dir else None
+
+
+def tracer_of(config: RouterConfig, span_exporter: Any = None) -> RouterTracer | None:
+    """The tracer when tracing is on (an endpoint; `span_exporter` takes the spans in place of it); None, and
+    OpenTelemetry never loaded, when it is off."""
+    if config.tracing.endpoint is None:
+        return None
+    from duplex_sidecars.router.tracing import RouterTracer
+
+    return RouterTracer(config.tracing, span_exporter)

@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from duplex_sidecars import protocol
 from duplex_sidecars.router import attempts, jsonio, legs, receipt, reuse
@@ -48,6 +48,9 @@ from duplex_sidecars.router.sse import SSEParser
 from duplex_sidecars.router.store import Store, StoreError
 from duplex_sidecars.router.turn import Turn
 
+if TYPE_CHECKING:  # router/tracing.py loads OpenTelemetry: only when tracing is on
+    from duplex_sidecars.router.tracing import LegTrace, RequestTrace, RouterTracer
+
 log = logging.getLogger(__name__)
 
 _END_OF_BODY_SECONDS = 5.0  # how long a finished decode stream may take to end its body before its connection closes
@@ -67,6 +70,7 @@ class Deps:
     fabric: FabricWatch | None = None  # told which engines read whose blocks
     calibration: Calibration | None = None  # told what each prefill leg cost
     leg_costs: LegCosts | None = None  # what a prefill leg is expected to compute, for the cost placement
+    tracer: RouterTracer | None = None  # tracing on (router/tracing.py); None: off, nothing traced
 
 
 @dataclass
@@ -84,6 +88,8 @@ class Context:
     decode_url: str | None = None  # the decode engine that answered
     decode_started: float | None = None  # when the decode leg being relayed began (perf_counter)
     miss_reason: str | None = None  # why the prefill leg recomputed, when it did
+    trace: RequestTrace | None = None  # the request's spans when tracing is on
+    decode_leg: LegTrace | None = None  # the span of the decode leg being relayed
 
     def receipt(self) -> dict[str, str]:
         """The Server-Timing header of the answer starting now (router/receipt.py); {} when receipts are off."""
@@ -100,18 +106,28 @@ class Context:
         return "hit" if self.replayed else "miss"
 
 
-async def handle(deps: Deps, exchange: Exchange, turn: Turn) -> int:
-    """Answer the request through prefill and decode; returns the HTTP status the client got."""
-    return (await serve(deps, exchange, turn)).exchange.status
+async def handle(deps: Deps, exchange: Exchange, turn: Turn, trace: RequestTrace | None = None) -> int:
+    """Answer the request through prefill and decode; returns the HTTP status the client got. `trace`: the request's
+    span when tracing is on (the legs' spans go under it)."""
+    return (await serve(deps, exchange, turn, trace)).exchange.status
 
 
-async def serve(deps: Deps, exchange: Exchange, turn: Turn) -> Context:
+async def serve(deps: Deps, exchange: Exchange, turn: Turn, trace: RequestTrace | None = None) -> Context:
     """`handle`, returning what the request went through (the router's canary reads it)."""
     if len(deps.engines.prefill) == 0:
         raise BackendUnavailable("No prefill engines are available.")
     if len(deps.engines.decode) == 0:
         raise BackendUnavailable("No decode engines are available.")
-    ctx = Context(turn, exchange, revision=deps.engines.target_revision())
+    ctx = Context(turn, exchange, revision=deps.engines.target_revision(), trace=trace)
+    try:
+        return await _serve(deps, ctx)
+    finally:
+        if trace is not None:
+            trace.verdict(ctx.replayed, ctx.miss_reason, ctx.decision.tokens)
+
+
+async def _serve(deps: Deps, ctx: Context) -> Context:
+    turn, exchange = ctx.turn, ctx.exchange
     ctx.decision = await lookup(deps, turn, ctx.revision)  # 1.
     ctx.miss_reason = None if ctx.decision.hit else ctx.decision.reason or "no_entry"
     tried: set[str] = set()
@@ -197,8 +213,11 @@ async def prefill(deps: Deps, ctx: Context, decode_attempt: int) -> dict[str, An
         kv = ctx.decision.params if current.replay and ctx.decision.params is not None else protocol.miss_params()
         body = turn.encode(protocol.prefill_leg_body(turn.body, kv, turn.api.legs))
         suffix = (f"-d{decode_attempt}" if decode_attempt else "") + (f"-p{current.number}" if current.number else "")
-        headers = legs.leg_headers(turn.request_id + suffix, deps.engine_api_key)
         reused = ctx.decision.tokens if current.replay else 0
+        leg = None
+        if ctx.trace is not None:
+            leg = ctx.trace.prefill(engine.url, current.number, decode_attempt, current.replay, reused)
+        headers = legs.leg_headers(turn.request_id + suffix, deps.engine_api_key, leg.headers if leg else None)
         expected = deps.leg_costs.leg_seconds(len(body), reused) if deps.leg_costs is not None else 0.0
         # Only a leg that had its engine to itself measures the engine: one that shared it measures the queue too.
         alone = engine.inflight == 0
@@ -210,6 +229,8 @@ async def prefill(deps: Deps, ctx: Context, decode_attempt: int) -> dict[str, An
                 )
                 alone = alone and engine.inflight == 1
         except LegFailure as failure:
+            if leg is not None:
+                leg.failed(failure)
             metrics.backend_errors.labels(PREFILL, failure.kind).inc()
             failures.append(failure)
             log.warning(
@@ -229,6 +250,12 @@ async def prefill(deps: Deps, ctx: Context, decode_attempt: int) -> dict[str, An
             if current is not None:
                 metrics.retries.labels(PREFILL).inc()
             continue
+        except BaseException as exc:
+            if leg is not None:
+                leg.abandoned(exc)
+            raise
+        if leg is not None:
+            leg.ok()
         ctx.prefill_url = engine.url
         ctx.prefill_seconds = time.perf_counter() - started
         if resent:
@@ -275,23 +302,37 @@ async def decode(deps: Deps, ctx: Context, engine: Engine, attempt: int, prefill
     body = turn.encode(protocol.decode_leg_body(turn.body, prefill_params))
     if deps.fabric is not None and prefill_params and ctx.prefill_url:
         deps.fabric.note_read(engine.url, ctx.prefill_url)  # decode reads prefill's blocks (P->D)
-    headers = legs.leg_headers(turn.request_id + (f"-d{attempt}" if attempt else ""), deps.engine_api_key)
+    leg = ctx.decode_leg = ctx.trace.decode(engine.url, attempt) if ctx.trace is not None else None
+    headers = legs.leg_headers(
+        turn.request_id + (f"-d{attempt}" if attempt else ""), deps.engine_api_key, leg.headers if leg else None
+    )
     started = ctx.decode_started = time.perf_counter()
-    with pool.busy(engine):
-        answer = await deps.client.open_decode(engine.url, turn.path, body, headers, deps.config.timeouts)
-        if answer.resent:
-            deps.metrics.resends.labels(DECODE).inc()
-        deps.metrics.leg_duration.labels(DECODE).observe(time.perf_counter() - started)
-        # The relay gives the connection back when it is done with the response. Anything else closes it: dropping
-        # the connection makes the engine abort the request.
-        try:
-            if turn.stream:
-                await relay_stream(deps, ctx, engine, answer)
-            else:
-                await relay_body(deps, ctx, engine, answer)
-        except BaseException:
-            answer.close()
-            raise
+    try:
+        with pool.busy(engine):
+            answer = await deps.client.open_decode(engine.url, turn.path, body, headers, deps.config.timeouts)
+            if answer.resent:
+                deps.metrics.resends.labels(DECODE).inc()
+            deps.metrics.leg_duration.labels(DECODE).observe(time.perf_counter() - started)
+            # The relay gives the connection back when it is done with the response. Anything else closes it:
+            # dropping the connection makes the engine abort the request.
+            try:
+                if turn.stream:
+                    await relay_stream(deps, ctx, engine, answer)
+                else:
+                    await relay_body(deps, ctx, engine, answer)
+            except BaseException:
+                answer.close()
+                raise
+    except LegFailure as failure:
+        if leg is not None:
+            leg.failed(failure)
+        raise
+    except BaseException as exc:
+        if leg is not None:
+            leg.abandoned(exc)
+        raise
+    if leg is not None:
+        leg.ok()
 
 
 def decode_failed(deps: Deps, turn: Turn, engine: Engine, failure: LegFailure) -> LegFailure:
@@ -399,6 +440,8 @@ def _send(deps: Deps, ctx: Context, data: bytes | bytearray, last: bool = False)
 
 def _end_stream_with_error(deps: Deps, ctx: Context, message: str) -> None:
     deps.metrics.e2e.labels(ctx.turn.route, "true").observe(time.perf_counter() - ctx.turn.started)
+    if ctx.decode_leg is not None:
+        ctx.decode_leg.broke(message)
     ctx.exchange.write(ctx.turn.api.stream.error(message))
     ctx.exchange.end()
 

@@ -140,6 +140,21 @@ def parser() -> argparse.ArgumentParser:
     cost.add_argument(
         "--time-scale", type=float, default=1.0, help="multiply every simulated duration by this (0.1: 10x faster)"
     )
+    tr = p.add_argument_group("traces (vLLM's --otlp-traces-endpoint)")
+    tr.add_argument(
+        "--otlp-traces-endpoint",
+        metavar="URL",
+        help="export a span per request (vLLM's llm_request, parented by the request's traceparent) and one per KV "
+        "read to this OTLP endpoint, given as vLLM takes it (http/protobuf: the full URL, "
+        "http://collector:4318/v1/traces); default: no spans",
+    )
+    tr.add_argument(
+        "--otlp-traces-protocol",
+        choices=("grpc", "http/protobuf"),
+        default=os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or "grpc",
+        help="OTLP protocol, as vLLM picks it from $OTEL_EXPORTER_OTLP_TRACES_PROTOCOL (grpc needs "
+        "opentelemetry-exporter-otlp-proto-grpc, which the simulator does not ship)",
+    )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
 
@@ -149,6 +164,13 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         raise SystemExit("duplex sim: --block-bytes must be a positive multiple of --block-size")
     if args.num_blocks <= 0:
         raise SystemExit("duplex sim: --num-blocks must be positive")
+    if args.otlp_traces_endpoint:
+        from duplex_sidecars.sim.tracing import TracingUnavailable, check_protocol
+
+        try:
+            check_protocol(args.otlp_traces_protocol)
+        except TracingUnavailable as e:
+            raise SystemExit(f"duplex sim: --otlp-traces-endpoint: {e}") from e
     return SimConfig(
         role=args.role,
         host=args.host,
@@ -174,6 +196,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         nixl_backend=args.nixl_backend,
         fail_on_corrupt=args.fail_on_corrupt,
         cost=cost_from_args(args),
+        otlp_traces_endpoint=args.otlp_traces_endpoint,
+        otlp_traces_protocol=args.otlp_traces_protocol,
     )
 
 

@@ -36,6 +36,9 @@ class SimConfig:
     # none in a stream (False).
     stream_kv_params: bool = True
     cost: CostModel = field(default_factory=CostModel)
+    # vLLM's --otlp-traces-endpoint: a span per request, parented by its traceparent (sim/tracing.py); None: off.
+    otlp_traces_endpoint: str | None = None
+    otlp_traces_protocol: str = "grpc"  # vLLM's OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: grpc or http/protobuf
 
     @property
     def advertised_host(self) -> str:

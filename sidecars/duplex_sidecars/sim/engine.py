@@ -11,12 +11,13 @@ Like vLLM with NixlConnector, behaviour follows each request's `kv_transfer_para
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +35,9 @@ from duplex_sidecars.sim.side_channel import (
     read_done_note,
     request_of_note,
 )
+
+if TYPE_CHECKING:  # sim/tracing.py loads OpenTelemetry: only with --otlp-traces-endpoint
+    from duplex_sidecars.sim.tracing import EngineTracer, KVRead, RequestSpan
 
 log = logging.getLogger("duplex.sim.engine")
 
@@ -61,6 +65,7 @@ class GenerationRequest:
     ignore_eos: bool = False
     kv_params: dict[str, Any] | None = None
     cache_salt: str | None = None  # keeps this prompt's blocks apart in the prefix cache (vLLM's cache_salt)
+    trace_headers: dict[str, str] | None = None  # the request's traceparent and tracestate (vLLM's trace_headers)
 
 
 @dataclass
@@ -80,6 +85,10 @@ class Running:
     # request newly wrote to the prefix cache.
     num_cached_tokens: int = 0
     num_cache_creation_tokens: int = 0
+    queued_seconds: float = 0.0  # waiting for the compute slot
+    first_token_at: float | None = None  # perf_counter
+    completed: bool = False  # finished normally (not aborted)
+    trace: RequestSpan | None = None  # its llm_request span, with tracing on
 
     @property
     def finish_reason(self) -> str:
@@ -87,8 +96,10 @@ class Running:
 
 
 class Engine:
-    def __init__(self, cfg: SimConfig, transport: NixlTransport | None = None):
+    def __init__(self, cfg: SimConfig, transport: NixlTransport | None = None, tracer: EngineTracer | None = None):
+        """`tracer`: the engine's spans (sim/tracing.py); default: one for cfg.otlp_traces_endpoint, when set."""
         self.cfg = cfg
+        self.tracer = tracer if tracer is not None else tracer_of(cfg)
         self.pool = BlockPool(cfg.num_blocks, cfg.block_size, cfg.block_bytes, cfg.model)
         self.metrics = SimMetrics(cfg.model)
         self.retained = RetainedBlocks()
@@ -111,6 +122,8 @@ class Engine:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.side.close()
         self.transport.close()
+        if self.tracer is not None:
+            await asyncio.to_thread(self.tracer.shutdown)  # the spans still queued go out
 
     async def _reap_forever(self) -> None:
         while True:
@@ -170,6 +183,7 @@ class Engine:
     # -- serving ----------------------------------------------------------------------------------------------
     async def prefill(self, req: GenerationRequest) -> Running:
         """Bring the prompt's KV into local blocks (cache hits, remote pull, compute). Raises before any output."""
+        trace = self.tracer.request(req) if self.tracer is not None else None
         arrived = time.perf_counter()
         bs = self.cfg.block_size
         prompt_len = len(req.prompt)
@@ -180,24 +194,30 @@ class Engine:
             self.pool.free([hits.pop()])
         try:
             block_ids = hits + self.pool.allocate(num_blocks_for(prompt_len, bs) - len(hits))
-        except Exception:
+        except Exception as exc:
             self.pool.free(hits)
+            if trace is not None:
+                trace.failed(exc)
             raise
         self.metrics.num_requests_running.inc()
         try:
             local_hits = len(hits) * bs
-            external = await self._maybe_pull(req, chain, block_ids, local_hits)
+            external = await self._maybe_pull(req, chain, block_ids, local_hits, trace)
             computed = local_hits + external
+            waiting = time.perf_counter()
             async with self._compute:  # one prefill computes at a time, first come first served, as in vLLM's steps
+                queued = time.perf_counter() - waiting
                 await _sleep(self.cfg.cost.prefill_seconds(prompt_len - computed, computed))
             self.pool.write(block_ids, chain, computed, prompt_len)
             if self.cfg.enable_prefix_caching:
                 self.pool.cache(block_ids, block_hashes(chain, bs, req.cache_salt))
             self.metrics.prompt_tokens.inc(prompt_len)
             self.metrics.prompt_tokens_by_source(prompt_len - computed, local_hits, external)
-        except BaseException:
+        except BaseException as exc:
             self.pool.free(block_ids)
             self.metrics.num_requests_running.dec()
+            if trace is not None:
+                trace.failed(exc)
             raise
         reply = generation.reply(req.prompt, req.max_tokens, req.min_tokens, req.ignore_eos)
         room = np.zeros((prompt_len + len(reply.tokens), chain.shape[1]), dtype=chain.dtype)
@@ -212,6 +232,8 @@ class Engine:
             reply,
             num_cached_tokens=computed,
             num_cache_creation_tokens=max(0, cacheable - computed),
+            queued_seconds=queued,
+            trace=trace,
         )
 
     async def decode(self, run: Running) -> AsyncGenerator[int, None]:
@@ -219,7 +241,8 @@ class Engine:
         try:
             for i, tok in enumerate(run.reply.tokens):
                 if i == 0:
-                    self.metrics.ttft.observe(time.perf_counter() - run.arrived)
+                    run.first_token_at = time.perf_counter()
+                    self.metrics.ttft.observe(run.first_token_at - run.arrived)
                 else:
                     await _sleep(self.cfg.cost.decode_seconds())
                     # This step computes the KV of the previous output token (vLLM's num_computed_tokens).
@@ -236,6 +259,8 @@ class Engine:
             run.finished = True
             self.pool.free(run.block_ids)
             self.metrics.num_requests_running.dec()
+            if run.trace is not None:
+                run.trace.finish(run)
 
     def _append_kv(self, run: Running, tok: int) -> None:
         pos = run.num_kv_tokens
@@ -246,7 +271,7 @@ class Engine:
         run.num_kv_tokens = pos + 1
 
     def _finish(self, run: Running) -> None:
-        run.finished = True
+        run.finished = run.completed = True
         cfg, params = self.cfg, run.req.kv_params
         chain = run.chain[: run.num_kv_tokens]
         if cfg.enable_prefix_caching:
@@ -268,6 +293,8 @@ class Engine:
         else:
             self.pool.free(run.block_ids)
         self.metrics.retained_blocks.set(self.retained.num_blocks)
+        if run.trace is not None:
+            run.trace.finish(run)
 
     def _params_out(self, run: Running, is_p_node: bool, expiry: float | None) -> dict[str, Any]:
         # The shape of vLLM's pull scheduler `request_finished` (vllm-pd-protocol.md §1.3).
@@ -289,7 +316,12 @@ class Engine:
 
     # -- remote KV --------------------------------------------------------------------------------------------
     async def _maybe_pull(
-        self, req: GenerationRequest, chain: np.ndarray, block_ids: list[int], local_hits: int
+        self,
+        req: GenerationRequest,
+        chain: np.ndarray,
+        block_ids: list[int],
+        local_hits: int,
+        trace: RequestSpan | None = None,
     ) -> int:
         """Tokens whose KV was read from a remote engine into `block_ids` (and verified)."""
         params = req.kv_params
@@ -312,12 +344,13 @@ class Engine:
             )
             self.metrics.recompute_skip("below_threshold")
             return 0
-        try:
-            return await self._pull(req, params, chain, block_ids, local_hits, count, p_node)
-        except SideChannelError as e:
-            return self._load_failed(req, e.reason, e.detail)
-        except TransferFailed as e:
-            return self._load_failed(req, "transfer_error", str(e))
+        with _traced_read(trace, p_node, params, count) as traced:
+            try:
+                return await self._pull(req, params, chain, block_ids, local_hits, count, p_node, traced)
+            except SideChannelError as e:
+                return self._load_failed(req, e.reason, e.detail, traced)
+            except TransferFailed as e:
+                return self._load_failed(req, "transfer_error", str(e), traced)
 
     async def _pull(
         self,
@@ -328,6 +361,7 @@ class Engine:
         local_hits: int,
         count: int,
         p_node: bool,
+        traced: KVRead | None = None,
     ) -> int:
         plan = kv_policy.pull_plan(local_hits, count, self.cfg.block_size)
         try:
@@ -350,7 +384,7 @@ class Engine:
         ):
             log.warning("Declining expired remote read for %s from engine %s.", req.request_id, remote.engine_id)
             self.metrics.kv_expired_reqs.inc()
-            return self._load_failed(req, "expired", "blocks expired or about to")
+            return self._load_failed(req, "expired", "blocks expired or about to", traced)
         wanted = [remote_ids[p] for p in plan.positions]
         agent_name = await self.side.claim(remote, remote_request, wanted, self.transport.agent_name)
         read = False
@@ -376,6 +410,8 @@ class Engine:
         self.metrics.xfer_bytes.observe(nbytes)
         self.metrics.nixl_reads.inc()
         self.metrics.nixl_bytes_read.inc(nbytes)
+        if traced is not None:
+            traced.done(len(wanted), nbytes)
         check = self.pool.verify(block_ids, chain, plan.start, plan.end)
         if not check.ok:
             self.metrics.corrupt_blocks.inc(len(check.bad_positions))
@@ -392,17 +428,45 @@ class Engine:
             if self.cfg.fail_on_corrupt:
                 self.metrics.failed_kv_loads.inc()
                 raise CorruptKV(f"{len(check.bad_positions)} corrupt KV blocks read from {remote.engine_id}")
-            return self._load_failed(req, "corrupt", "blocks failed verification")
+            return self._load_failed(req, "corrupt", "blocks failed verification", traced)
         return count
 
-    def _load_failed(self, req: GenerationRequest, reason: str, detail: str) -> int:
+    def _load_failed(self, req: GenerationRequest, reason: str, detail: str, traced: KVRead | None = None) -> int:
         """vLLM's kv_load_failure_policy: "recompute" computes the tokens locally, "fail" fails the request."""
+        if traced is not None:
+            traced.failed(reason, detail)
         self.metrics.failed_kv_loads.inc()
         if self.cfg.kv_load_failure_policy == "fail":
             raise KVLoadFailed(f"KV load failed for {req.request_id} ({reason}): {detail}")
         log.warning("KV load failed for %s (%s: %s); recomputing locally", req.request_id, reason, detail)
         self.metrics.recompute_skip(reason)
         return 0
+
+
+def tracer_of(cfg: SimConfig) -> EngineTracer | None:
+    """The engine's tracer with --otlp-traces-endpoint; None, and OpenTelemetry never loaded, without."""
+    if cfg.otlp_traces_endpoint is None:
+        return None
+    from duplex_sidecars.sim.tracing import EngineTracer
+
+    return EngineTracer(cfg.otlp_traces_endpoint, cfg.otlp_traces_protocol, cfg.engine_id, cfg.role)
+
+
+@contextlib.contextmanager
+def _traced_read(
+    trace: RequestSpan | None, p_node: bool, params: dict[str, Any], count: int
+) -> Iterator[KVRead | None]:
+    """The span of one remote read under the request's, with tracing on."""
+    if trace is None:
+        yield None
+        return
+    read = trace.kv_read(p_node, params, count)
+    try:
+        yield read
+    except BaseException as exc:
+        read.end(exc)
+        raise
+    read.end()
 
 
 async def _sleep(seconds: float) -> None:

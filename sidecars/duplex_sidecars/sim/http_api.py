@@ -25,6 +25,7 @@ from duplex_sidecars.sim.engine import CorruptKV, Engine, GenerationRequest, KVL
 from duplex_sidecars.sim.kv_blocks import OutOfBlocks
 from duplex_sidecars.sim.messages_api import MessagesRoute
 from duplex_sidecars.sim.responses_api import ResponsesRoute
+from duplex_sidecars.sim.serving import trace_headers
 from duplex_sidecars.sim.tokenizer import tokenize
 
 VLLM_VERSION = "0.33.0+duplex.sim"
@@ -220,6 +221,7 @@ class OpenAIApi:
             ignore_eos=bool(body.get("ignore_eos", False)),
             kv_params=params,
             cache_salt=_salt(body),
+            trace_headers=trace_headers(request.headers),
         )
         try:
             run = await self.engine.prefill(greq)

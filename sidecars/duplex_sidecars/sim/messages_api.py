@@ -42,6 +42,7 @@ from duplex_sidecars.sim.serving import (
     random_uuid,
     sampled_max_tokens,
     sse,
+    trace_headers,
 )
 from duplex_sidecars.sim.validation import (
     FieldError,
@@ -612,6 +613,7 @@ class MessagesRoute:
             prompt=prompt,
             max_tokens=max_tokens,
             kv_params=kv_params(req.kv_transfer_params),
+            trace_headers=trace_headers(request.headers),
         )
         try:
             async with generation(self.engine, greq) as run:

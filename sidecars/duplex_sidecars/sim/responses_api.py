@@ -44,6 +44,7 @@ from duplex_sidecars.sim.serving import (
     reported_cached_tokens,
     sampled_max_tokens,
     sse,
+    trace_headers,
 )
 from duplex_sidecars.sim.validation import (
     Fields,
@@ -758,6 +759,7 @@ class ResponsesRoute:
             max_tokens=max_tokens,
             ignore_eos=req.ignore_eos,
             kv_params=kv_params(req.kv_transfer_params),
+            trace_headers=trace_headers(request.headers),
         )
         out = ResponseBuilder(req, self.model, max_tokens)
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
@@ -17,6 +17,7 @@ from duplex_sidecars.sim.validation import invalid
 
 log = logging.getLogger("duplex.sim.serving")
 
+TRACE_HEADERS = ("traceparent", "tracestate")  # vllm.tracing.utils.TRACE_HEADERS
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
@@ -54,6 +55,12 @@ def check_prompt_fits(prompt_len: int, max_model_len: int) -> None:
             "input_tokens",
             prompt_len,
         )
+
+
+def trace_headers(headers: Mapping[str, str]) -> dict[str, str] | None:
+    """vLLM's _get_trace_headers: the request's W3C traceparent and tracestate, None without either."""
+    found = {name: value for name in TRACE_HEADERS if (value := headers.get(name)) is not None}
+    return found or None
 
 
 def kv_params(value: Any) -> dict[str, Any] | None:

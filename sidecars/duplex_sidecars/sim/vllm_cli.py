@@ -25,6 +25,7 @@ MAPPED = {
     "--api-key": "--api-key",
     "--block-size": "--block-size",
     "--max-model-len": "--max-model-len",
+    "--otlp-traces-endpoint": "--otlp-traces-endpoint",  # the protocol: $OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, as vLLM
 }
 SWITCHES = {
     "--enable-prefix-caching": "--enable-prefix-caching",
@@ -37,7 +38,7 @@ IGNORED_WITH_VALUE = frozenset(
         "--dtype", "--kv-cache-dtype", "--quantization", "-q", "--gpu-memory-utilization", "--swap-space",
         "--max-num-seqs", "--max-num-batched-tokens", "--attention-backend", "--revision", "--tokenizer",
         "--tool-call-parser", "--reasoning-parser", "--hf-overrides", "--speculative-config", "--seed",
-        "--otlp-traces-endpoint", "--collect-detailed-traces", "--uvicorn-log-level", "--download-dir",
+        "--collect-detailed-traces", "--uvicorn-log-level", "--download-dir",
         "--shutdown-timeout", "--distributed-executor-backend", "--chat-template",
     }
 )  # fmt: skip

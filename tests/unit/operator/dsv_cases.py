@@ -157,6 +157,7 @@ FULL: dict[str, Any] = {
         "scaleDownSeconds": 600,
         "dryRun": True,
     },
+    "tracing": {"endpoint": "http://otel-collector.observability:4318", "sampleRatio": 0.25, "engines": False},
 }
 
 FULL_ALT: dict[str, Any] = merge(
@@ -297,6 +298,7 @@ DEFAULTS: dict[str, Any] = {
         "scaleDownSeconds": 300,
         "dryRun": False,
     },
+    "tracing": {"endpoint": None, "sampleRatio": 1.0, "engines": True},
 }
 
 
