@@ -10,14 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from duplex.api.spec import DisaggregatedServingSpec
-from duplex_sidecars.router.config import TracingConfig
-
-TRACES_PATH = "/v1/traces"
-
-
-def traces_url(endpoint: str) -> str:
-    endpoint = endpoint.rstrip("/")
-    return endpoint if endpoint.endswith(TRACES_PATH) else endpoint + TRACES_PATH
+from duplex_sidecars.router.config import TracingConfig, traces_url
 
 
 def _engines_traced(spec: DisaggregatedServingSpec) -> bool:

@@ -308,6 +308,12 @@ class GatewayConfig(_Strict):
     )
 
 
+def traces_url(endpoint: str) -> str:
+    """The OTLP/HTTP traces URL of a collector's base URL (one that names /v1/traces already is kept)."""
+    base = endpoint.rstrip("/")
+    return base if base.endswith("/v1/traces") else base + "/v1/traces"
+
+
 class TracingConfig(_Strict):
     """OpenTelemetry traces of the requests the router serves (router/tracing.py): a span per request, one per leg
     attempt, and the W3C traceparent of each leg sent to its engine, whose own spans (vLLM's

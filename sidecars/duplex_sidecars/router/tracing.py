@@ -34,7 +34,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from duplex_sidecars.router.config import TracingConfig
+from duplex_sidecars.router.config import TracingConfig, traces_url
 
 if TYPE_CHECKING:
     from duplex_sidecars.router.exchange import Exchange
@@ -65,12 +65,6 @@ EXPORT_TIMEOUT_SECONDS = 5.0  # one export, retries included; bounds the router'
 SHUTDOWN_MILLIS = 10_000
 
 _PROPAGATOR = TraceContextTextMapPropagator()
-
-
-def traces_url(endpoint: str) -> str:
-    """The OTLP/HTTP traces URL of a collector's base URL (one that names /v1/traces already is kept)."""
-    base = endpoint.rstrip("/")
-    return base if base.endswith("/v1/traces") else base + "/v1/traces"
 
 
 @functools.lru_cache(maxsize=1024)

@@ -9,7 +9,6 @@ from typing import Any
 from dsv_helpers import children, container, env_map, find
 
 from duplex.children.router import CONFIG_KEY
-from duplex.children.tracing import traces_url
 
 ON = {"tracing": {"endpoint": "http://collector.obs:4318", "sampleRatio": 0.5}}
 
@@ -48,8 +47,3 @@ def test_engines_off_traces_the_routers_only() -> None:
     objs = children({"tracing": {**ON["tracing"], "engines": False}})
     assert "--otlp-traces-endpoint" not in container(find(objs, "Deployment", "demo-decode"))["args"]
     assert router_tracing(objs)["endpoint"] == "http://collector.obs:4318"
-
-
-def test_traces_url() -> None:
-    assert traces_url("http://c:4318/") == "http://c:4318/v1/traces"
-    assert traces_url("http://c:4318/v1/traces") == "http://c:4318/v1/traces"
