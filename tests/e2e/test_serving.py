@@ -2,7 +2,8 @@
 router pod finds the engine pods through EndpointSlices and verifies them with its canary, and a conversation through
 the router's Service reuses decode's KV, counted by the engine pods themselves. Then the failures users meet: a
 decode pod killed mid-conversation (a correct recompute) and one deleted (drained: its conversation moves without a
-recompute), the operator and the router restarted."""
+recompute), the operator and the router restarted; then the day-2 changes: a KV-incompatible change rolled as a new
+KV revision in lockstep under load, a compatible roll, decode handed to a real HPA, and decode scaled in."""
 
 from __future__ import annotations
 
@@ -344,3 +345,28 @@ def test_a_real_hpa_scales_decode_pods_that_really_run_and_reuse_goes_on(serving
         assert serving.json("-n", NAMESPACE, "get", "dsv", SERVING)["status"]["decode"]["replicas"] == 2
     finally:
         serving.kubectl("-n", NAMESPACE, "delete", "hpa", decode, "--ignore-not-found")
+
+
+def test_decode_scaled_in_from_two_to_one_keeps_every_conversation_reusing(serving: Cluster) -> None:
+    """After the HPA test (decode at 2, External): back to Fixed at 1. The operator marks each decode pod with its
+    bindings as its deletion cost before it lowers replicas, the ReplicaSet removes one, which drains; the
+    conversations keep reusing and no request fails."""
+    counters = Counters(serving)
+    wait_for(lambda: len(counters.engines("decode")) == 2, 120, "two decode pods")
+    chats = [Chat(serving) for _ in range(2)]
+    for chat in chats:
+        chat.turn()
+        chat.turn()
+    before = {p["metadata"]["name"] for p in counters.engines("decode")}
+    patch = {"spec": {"decode": {"replicas": 1, "scaling": {"mode": "Fixed"}}}}
+    serving.kubectl("-n", NAMESPACE, "patch", "dsv", SERVING, "--type=merge", "-p", json.dumps(patch))
+    (kept,) = wait_for(lambda: len(e := counters.engines("decode")) == 1 and e, 120, "one decode pod taking turns")
+    assert kept["metadata"]["name"] in before
+    assert "controller.kubernetes.io/pod-deletion-cost" in (kept["metadata"].get("annotations") or {})
+    hits = counters.router("duplex_router_kv_reuse_hits_total")
+    for chat in chats:  # a conversation bound to the draining pod reads its history there and moves
+        chat.turn()
+        chat.turn()
+    assert counters.router("duplex_router_kv_reuse_hits_total") == hits + 2 * len(chats)
+    # it ends once no active binding is left (an earlier test's conversation may hold it up to activeSeconds)
+    wait_for(lambda: len(serving.pods(NAMESPACE, selector("decode"))) == 1, 200, "the removed pod gone")
