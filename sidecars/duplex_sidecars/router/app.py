@@ -17,7 +17,6 @@ from typing import Any
 
 import aiohttp
 import aiohttp.abc
-from prometheus_client import CONTENT_TYPE_LATEST
 
 from duplex_sidecars.http1.server import ClientGone, FrontServer, Limits, Request
 from duplex_sidecars.router import pipeline
@@ -540,7 +539,8 @@ def retired_revision(engines: Engines, engine: Engine | None) -> str | None:
 
 async def _metrics(router: Router, request: Request) -> None:
     router.engines.update_gauges()
-    request.respond(200, router.metrics.render(), CONTENT_TYPE_LATEST)
+    body, content_type = router.metrics.render(request.headers.get("accept", ""))
+    request.respond(200, body, content_type)
 
 
 Routes = dict[str, dict[str, Route]]

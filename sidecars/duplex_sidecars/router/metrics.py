@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
+
+OPENMETRICS = "application/openmetrics-text"
 
 # Every reason a request's prefill leg goes out without replayed blocks.
 MISS_REASONS: tuple[str, ...] = (
@@ -295,5 +298,10 @@ class RouterMetrics:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
         )
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        """The exposition and its content type: OpenMetrics, which carries the TTFT histogram's exemplars (trace ids),
+        when the scraper accepts it (Prometheus does by default), else the classic text format."""
+        if OPENMETRICS in accept:
+            body: bytes = openmetrics.generate_latest(self.registry)  # type: ignore[no-untyped-call]
+            return body, openmetrics.CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

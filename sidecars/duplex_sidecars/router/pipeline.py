@@ -101,6 +101,10 @@ class Context:
         kv = receipt.verdict(self.replayed, self.decision.tokens, self.miss_reason, turn.shared_tenant)
         return {"Server-Timing": receipt.server_timing(now - turn.started, self.prefill_seconds, decode, kv)}
 
+    def exemplar(self) -> dict[str, str] | None:
+        """The trace of this request, for the TTFT histogram (a slow turn links to its trace); None untraced."""
+        return self.trace.exemplar() if self.trace is not None else None
+
     @property
     def reuse_label(self) -> str:
         return "hit" if self.replayed else "miss"
@@ -358,7 +362,7 @@ async def relay_body(deps: Deps, ctx: Context, engine: Engine, answer: legs.Deco
     def respond() -> None:
         exchange.respond(200, out, headers={"X-Request-Id": turn.request_id, **ctx.receipt()})
         elapsed = time.perf_counter() - turn.started
-        deps.metrics.ttft.labels(turn.route, "false", ctx.reuse_label).observe(elapsed)
+        deps.metrics.ttft.labels(turn.route, "false", ctx.reuse_label).observe(elapsed, ctx.exemplar())
         deps.metrics.e2e.labels(turn.route, "false").observe(elapsed)
 
     await answer_and_record(deps, ctx, engine, kv_params, reply, respond)
@@ -430,7 +434,8 @@ def _send(deps: Deps, ctx: Context, data: bytes | bytearray, last: bool = False)
             **ctx.receipt(),
         }
         exchange.start(200, headers, data)
-        deps.metrics.ttft.labels(turn.route, "true", ctx.reuse_label).observe(time.perf_counter() - turn.started)
+        ttft = time.perf_counter() - turn.started
+        deps.metrics.ttft.labels(turn.route, "true", ctx.reuse_label).observe(ttft, ctx.exemplar())
         data = b""
     if last:
         exchange.end(data)

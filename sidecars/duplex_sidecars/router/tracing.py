@@ -132,6 +132,13 @@ class RequestTrace:
         else:
             self._legs_headers = _trace_headers(span)
 
+    def exemplar(self) -> dict[str, str] | None:
+        """The request's trace id as a metrics exemplar (`trace_id`, as Grafana links it to the trace), when the
+        request is sampled; None otherwise."""
+        if self._legs_headers is not None:
+            return None
+        return {"trace_id": f"{self.span.get_span_context().trace_id:032x}"}
+
     def parsed(self, turn: Turn) -> None:
         self.attributes.update({STREAM: turn.stream, MODEL: turn.model, REQUEST_ID: turn.request_id})
 

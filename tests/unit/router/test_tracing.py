@@ -293,3 +293,31 @@ def test_the_tracing_config():
     assert tracing.traces_url("http://c:4318") == "http://c:4318/v1/traces"
     assert tracing.traces_url("http://c:4318/") == "http://c:4318/v1/traces"
     assert tracing.traces_url("https://c/otlp/v1/traces") == "https://c/otlp/v1/traces"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_ttft_histogram_links_a_traced_turn_to_its_trace_for_openmetrics_scrapers(make_traced, stream):
+    traced = await make_traced(admin_port=0)
+    rig = traced.rig
+    status, _, _ = await rig.chat([USER], stream=stream)
+    assert status == 200
+    (request,) = [s for s in await traced.spans(1) if s.name == tracing.REQUEST]
+    trace_id = hexid(request.context.trace_id, 32)
+    url = rig.server.admin_url + "/metrics"
+    async with rig.session.get(url, headers={"Accept": "application/openmetrics-text; version=1.0.0"}) as resp:
+        assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
+        exposition = await resp.text()
+    ttft = [
+        line for line in exposition.splitlines() if line.startswith("duplex_router_time_to_first_token_seconds_bucket")
+    ]
+    assert any(f'# {{trace_id="{trace_id}"}}' in line for line in ttft), ttft
+    async with rig.session.get(url) as resp:  # the classic text format has no exemplars
+        assert "trace_id" not in await resp.text()
+
+
+async def test_an_untraced_router_puts_no_exemplar(make_rig):
+    rig = await make_rig(admin_port=0)
+    assert (await rig.chat([USER]))[0] == 200
+    url = rig.server.admin_url + "/metrics"
+    async with rig.session.get(url, headers={"Accept": "application/openmetrics-text"}) as resp:
+        assert "trace_id" not in await resp.text()
