@@ -51,7 +51,7 @@ CHILD_KIND_NAMES = (
     "deployment",
 )
 # What kopf watches for this operator: one LIST at start, then one WATCH each, resumed from the last resourceVersion.
-# Kinds whose CRD may be absent are watched only where it is installed: not on this cluster (test_inference_pool.py).
+# Kinds whose CRD may be absent are watched only where it is installed: not on this cluster (test_inference_pool_crd.py).
 WATCHED = {
     "customresourcedefinitions",
     PLURAL,
@@ -604,7 +604,7 @@ def test_operator_identity_is_least_privilege(op, cluster, kubectl):
     ]
     # Everything duplex.permissions derives (the unit tier holds the ClusterRole equal to it) is granted for real.
     # But for kinds whose CRD this cluster lacks: `auth can-i` says no to a resource the server does not serve
-    # (test_inference_pool.py has the operator write InferencePools under this ClusterRole).
+    # (test_inference_pool_crd.py has the operator write InferencePools under this ClusterRole).
     unserved = {(k.group, k.plural) for k in CHILD_KINDS if k.optional}
     for group, res, verb in sorted(p for p in required() if p[:2] not in unserved):
         name, _, sub = res.partition("/")

@@ -84,7 +84,7 @@ def apiserver_checks(objs: list[dict[str, Any]]) -> None:
 def validate_all(objs: list[dict[str, Any]], version: str = K8S) -> None:
     assert objs
     for obj in objs:
-        if kind_of(obj) is not INFERENCE_POOL:  # no Kubernetes schema: tests/integration/test_inference_pool.py
+        if kind_of(obj) is not INFERENCE_POOL:  # no Kubernetes schema: tests/integration/test_inference_pool_crd.py
             validate(obj, version)
     apiserver_checks(objs)
 
