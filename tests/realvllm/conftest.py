@@ -33,7 +33,7 @@ import pytest
 
 from duplex_dev import models
 from duplex_dev.launch.router import RouterProcess
-from duplex_dev.launch.vllm import VllmEngine, calm_spinners, start_all
+from duplex_dev.launch.vllm import EXAMPLE, VllmEngine, calm_spinners, start_all
 from duplex_dev.models import SetupMissing
 
 from .rig import (
@@ -122,12 +122,12 @@ class Engines:
 
 
 @contextlib.contextmanager
-def engine_pair(request: pytest.FixtureRequest) -> Iterator[Engines]:
-    """Prefill and decode as described above, started together, warmed up and calmed; stopped on exit, their logs
-    kept when a test of the session failed."""
+def engine_pair(request: pytest.FixtureRequest, example: str = EXAMPLE) -> Iterator[Engines]:
+    """Prefill and decode as described above (rendered from `example`), started together, warmed up and calmed;
+    stopped on exit, their logs kept when a test of the session failed."""
     # Logs are kept: rig.Counters counts prefill's declined reads in its log, and a failure shows their tails.
-    prefill = VllmEngine("prefill", prefix_caching=False, keep_log=True, cpu=0)
-    decode = VllmEngine("decode", kv_extra={"decoder_kv_blocks_ttl": DECODE_TTL}, keep_log=True, cpu=1)
+    prefill = VllmEngine("prefill", example=example, prefix_caching=False, keep_log=True, cpu=0)
+    decode = VllmEngine("decode", example=example, kv_extra={"decoder_kv_blocks_ttl": DECODE_TTL}, keep_log=True, cpu=1)
     started = time.monotonic()
     start_all([prefill, decode])
     keyed_engines(prefill, decode)
