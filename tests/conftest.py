@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from duplex_dev.launch.jaeger import JaegerMissing, JaegerProcess, jaeger_binary
 from duplex_dev.launch.redis import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +38,20 @@ def redis_server() -> Iterator[RedisServer]:
         )
     with RedisServer() as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def jaeger() -> Iterator[JaegerProcess]:
+    """A real Jaeger v2 all-in-one on free loopback ports. Missing is a failure, never a skip: hack/build-tools.sh
+    builds it (the test level of hack/setup.sh)."""
+    try:
+        binary = jaeger_binary()
+    except JaegerMissing as err:
+        ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+        where = "CI: .ci/run's `make test` must have built it. " if ci else ""
+        pytest.fail(f"{where}{err}; traces are tested against a real Jaeger, never skipped", pytrace=False)
+    with JaegerProcess(binary=binary) as process:
+        yield process
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,6 @@ A missing Jaeger binary fails the test, in CI as anywhere else: the fix is one c
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import time
 import urllib.request
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from duplex_dev.launch.jaeger import JaegerMissing, JaegerProcess, StoredSpan, jaeger_binary
+from duplex_dev.launch.jaeger import JaegerProcess, only
 from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.sim import SimProcess
 from duplex_sidecars.router import tracing as router_tracing
@@ -33,21 +32,6 @@ SERVER, CLIENT = 2, 3  # OTLP's SpanKind values, as Jaeger's API v3 returns them
 LONG = "Please summarise the following report in detail. " * 12  # well above the recompute threshold
 # Spans reach Jaeger within a batch delay of their end: 100 ms here instead of the SDK's 5 s.
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100"}
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-@pytest.fixture(scope="module")
-def jaeger() -> Iterator[JaegerProcess]:
-    try:
-        binary = jaeger_binary()
-    except JaegerMissing as err:
-        where = "CI: .ci/run's `make test` must have built it (hack/setup.sh test level). " if _in_ci() else ""
-        pytest.fail(f"{where}{err}; the traces tier runs against a real Jaeger, it is never skipped", pytrace=False)
-    with JaegerProcess(binary=binary) as process:
-        yield process
 
 
 @pytest.fixture(scope="module")
@@ -99,12 +83,6 @@ def turn(url: str, messages: list[dict[str, Any]], header: str) -> dict[str, Any
         assert resp.status == 200
         answer: dict[str, Any] = json.loads(resp.read())
         return answer
-
-
-def only(spans: list[StoredSpan], **match: object) -> StoredSpan:
-    found = [s for s in spans if all(getattr(s, k) == v for k, v in match.items())]
-    assert len(found) == 1, (match, [(s.service, s.name, s.span_id, s.parent_id) for s in spans])
-    return found[0]
 
 
 def test_a_reused_turn_is_one_tree_from_the_router_through_both_engines_and_their_kv_reads(

@@ -12,27 +12,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from duplex_dev.launch.jaeger import JaegerMissing, JaegerProcess, StoredSpan, jaeger_binary
+from duplex_dev.launch.jaeger import JaegerProcess, only
 from duplex_dev.launch.router import RouterProcess
 from duplex_sidecars.router import tracing as router_tracing
 
-from .conftest import KNOWN_TTL, ROUTER_CONFIG, Engines, _in_ci, engine_pair
+from .conftest import KNOWN_TTL, ROUTER_CONFIG, Engines, engine_pair
 from .rig import LONG, chat, chat_body, post, wait_ready_engines
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_SPAN = "llm_request"  # vLLM's span of a request (vllm/tracing.py)
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100"}  # spans reach Jaeger within 100 ms of their end, not 5 s
-
-
-@pytest.fixture
-def jaeger() -> Iterator[JaegerProcess]:
-    try:
-        binary = jaeger_binary()
-    except JaegerMissing as err:
-        where = "CI: .ci/run's `make test` must have built it. " if _in_ci() else ""
-        pytest.fail(f"{where}{err}; the traces test runs against a real Jaeger, it is never skipped", pytrace=False)
-    with JaegerProcess(binary=binary) as process:
-        yield process
 
 
 @pytest.fixture
@@ -55,12 +44,6 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> Non
     while not check():
         assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
         time.sleep(0.2)
-
-
-def only(spans: list[StoredSpan], **match: object) -> StoredSpan:
-    found = [s for s in spans if all(getattr(s, k) == v for k, v in match.items())]
-    assert len(found) == 1, (match, [(s.service, s.name, s.span_id, s.parent_id) for s in spans])
-    return found[0]
 
 
 @pytest.mark.own_engines

@@ -140,6 +140,13 @@ def parse_otlp(result: dict[str, Any]) -> list[StoredSpan]:
     return out
 
 
+def only(spans: list[StoredSpan], **match: object) -> StoredSpan:
+    """The one span whose fields equal `match` (service, name, ...); an AssertionError naming every span otherwise."""
+    found = [s for s in spans if all(getattr(s, k) == v for k, v in match.items())]
+    assert len(found) == 1, (match, [(s.service, s.name, s.span_id, s.parent_id) for s in spans])
+    return found[0]
+
+
 class JaegerProcess:
     def __init__(self, host: str = "127.0.0.1", binary: Path | None = None, startup_timeout: float = 30.0):
         self.binary = binary or jaeger_binary()
