@@ -14,7 +14,7 @@ operator's collector, never to clients: naming engines in them is fine, and no t
 
 What it costs is the SDK's: about 25 us of CPU per span to create and end, as much again to export (in its own
 thread, but the same interpreter): so three spans a request, each attribute set once, and a request the sampler
-leaves out gets one unrecorded span and none for its legs (bench/results/router-tracing-2026-12-04.md). This module is imported only when tracing is on
+leaves out gets one unrecorded span and none for its legs (bench/results/history/router-tracing-2026-12-04.md). This module is imported only when tracing is on
 (live.tracer_of): with it off the router never loads OpenTelemetry, and the request path's only cost is testing
 `Deps.tracer` (and `Context.trace`) for None.
 """
