@@ -18,6 +18,11 @@ the client measures. Nothing in it names an engine, an address or a block.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
+_ENTRY = re.compile(r'^(router|prefill|decode);dur=(\d+(?:\.\d+)?)$|^kv;desc="((?:hit:\d+)|(?:miss(?::[a-z_]+)?))"$')
+
 
 def server_timing(
     to_first_byte: float,
@@ -40,3 +45,48 @@ def verdict(replayed: bool, tokens: int, reason: str | None, shared_tenant: bool
     if replayed:
         return f"hit:{tokens}"
     return "miss" if shared_tenant else f"miss:{reason or 'no_entry'}"
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """A receipt read back (benchmarks, the canary, tests): durations in seconds, None where the answer had none."""
+
+    router: float
+    prefill: float | None
+    decode: float | None
+    kv: str
+
+    @property
+    def hit(self) -> bool:
+        return self.kv.startswith("hit:")
+
+    @property
+    def tokens(self) -> int:
+        """Tokens read back from decode's blocks (0 on a miss)."""
+        return int(self.kv[4:]) if self.hit else 0
+
+    @property
+    def reason(self) -> str | None:
+        """The miss reason; None on a hit or where the receipt withholds it (the anonymous tenant)."""
+        return self.kv[5:] if self.kv.startswith("miss:") else None
+
+    @property
+    def to_first_byte(self) -> float:
+        return self.router + (self.prefill or 0.0) + (self.decode or 0.0)
+
+
+def parse(header: str) -> Receipt:
+    """The receipt in a Server-Timing value; ValueError when it is not one this router writes."""
+    durations: dict[str, float] = {}
+    kv = None
+    for part in header.split(", "):
+        match = _ENTRY.match(part.strip())
+        if not match:
+            raise ValueError(f"not a duplex receipt entry: {part!r}")
+        if match.group(3):
+            kv = match.group(3)
+        else:
+            durations[match.group(1)] = float(match.group(2)) / 1000
+    if kv is None or "router" not in durations:
+        raise ValueError(f"a receipt needs router;dur and kv;desc: {header!r}")
+    return Receipt(durations["router"], durations.get("prefill"), durations.get("decode"), kv)
