@@ -77,6 +77,7 @@ CANARY_REASONS = {
     "p_to_d": "DecodeDidNotReadPrefill",
     "retained": "DecodeKeptNoBlocks",
     "d_to_p": "PrefillDidNotReadBack",
+    "receipt": "ReceiptDisagrees",
 }
 
 

@@ -1,6 +1,7 @@
 """The router's canary (router/canary.py) against simulator engines: it passes on a working pair with the bytes each
 direction moved, names the failing step when decode keeps nothing or prefill will not read, runs by itself when the
-healthy engines change and not otherwise, and leaves the router's own metrics and conversations alone."""
+healthy engines change and not otherwise, leaves the router's own metrics and conversations alone, and fails when
+the receipt a client would get denies the read the engines counted."""
 
 from __future__ import annotations
 
@@ -12,20 +13,25 @@ import aiohttp
 import pytest
 
 from duplex_dev.launch.sim import SimProcess, async_sim_pair
+from duplex_sidecars.router import receipt
 from duplex_sidecars.router.app import Router, RouterServer
 from duplex_sidecars.router.canary import Canary
 from duplex_sidecars.router.config import RouterConfig
 from duplex_sidecars.router.endpoints import DECODE
+from duplex_sidecars.router.receipt import parse
 
 NO_CACHE = ("--no-enable-prefix-caching",)  # every reused token is then a read
 
 
-async def router_for(prefill: SimProcess, decodes: list[SimProcess], **canary: Any) -> RouterServer:
+async def router_for(
+    prefill: SimProcess, decodes: list[SimProcess], receipts: bool = True, **canary: Any
+) -> RouterServer:
     config = RouterConfig.model_validate(
         {
             "prefill": [prefill.url],
             "decode": [d.url for d in decodes],
             "canary": {"enabled": True, "check_seconds": 0.2, **canary},
+            "receipts": receipts,
         }
     )
     server = RouterServer(Router(config))
@@ -54,14 +60,18 @@ async def wait_for_run(canary: Canary, runs: int, timeout: float = 20.0) -> dict
 
 
 async def test_a_working_pair_passes_every_step_and_the_router_counts_none_of_it(pair):
+    """Receipts off for clients: the canary still reads its own, and turn 2's agrees with the engines' read."""
     prefill, decode = pair
-    server = await router_for(prefill, [decode])
+    server = await router_for(prefill, [decode], receipts=False)
     try:
         verdict = await wait_for_run(canary_of(server), 1)
         assert verdict["ok"] and verdict["step"] == "done", verdict
         assert (verdict["prefill"], verdict["decode"]) == (prefill.url, decode.url)
         assert verdict["p_to_d_bytes"] > 0 and verdict["d_to_p_bytes"] > 0 and verdict["d_to_p_tokens"] >= 64
         assert [t["replayed"] for t in verdict["turns"]] == [False, True]
+        first, second = (parse(t["receipt"]) for t in verdict["turns"])
+        assert first.reason == "no_entry" and second.tokens >= 64, verdict["turns"]
+        assert f"turn 2's receipt: hit:{second.tokens}" in verdict["message"]
         assert prefill.metric("sim_corrupt_blocks_total") == decode.metric("sim_corrupt_blocks_total") == 0
         # The engines did the work; the router's own counters saw no client turn.
         metrics = server.router.metrics
@@ -100,6 +110,18 @@ async def test_a_prefill_that_will_not_read_fails_the_d_to_p_step():
             assert again["step"] == "d_to_p" and again["run"] == 2
         finally:
             await server.close()
+
+
+async def test_a_receipt_that_denies_the_read_the_engines_counted_fails_the_receipt_step(pair, monkeypatch):
+    prefill, decode = pair
+    monkeypatch.setattr(receipt, "verdict", lambda *_, **__: "miss:no_entry")  # a router that misreports
+    server = await router_for(prefill, [decode])
+    try:
+        verdict = await wait_for_run(canary_of(server), 1)
+    finally:
+        await server.close()
+    assert not verdict["ok"] and verdict["step"] == "receipt", verdict
+    assert 'kv;desc="miss:no_entry"' in verdict["message"]
 
 
 async def test_new_engines_are_verified_each_in_a_pair(pair):

@@ -7,12 +7,14 @@ engine in one pair at least), and checks each step against those engines' /metri
   p_to_d       decode read prefill's blocks (P->D)         decode: prompt_tokens_by_source{external_kv_transfer}
   retained     decode kept its blocks for the next turn    the router's own lookup replays them on turn 2
   d_to_p       prefill read decode's blocks back (D->P)    prefill: external_kv_transfer tokens and NIXL reads
+  receipt      turn 2's receipt says so                    its Server-Timing says `hit` (router/receipt.py)
 
 A step whose counter did not move failed; the verdict names it and what to check. Other traffic moves the same
 counters, so a pass under load is evidence rather than proof, while a failure is always real. Turn 1 carries a
 `cache_salt` (vLLM keeps salted blocks apart in its prefix cache), so that prefill's own cache cannot serve turn 2
 and the D->P read has to happen. The conversation runs under a tenant no client can be (its name holds a NUL) and
-its turns are counted in metrics of their own, not the router's.
+its turns are counted in metrics of their own, not the router's. Its turns carry receipts even where clients' are
+off, and the verdict keeps them: what a client would have been told, checked against what the engines counted.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from duplex_sidecars.router import jsonio, pipeline
+from duplex_sidecars.router import jsonio, pipeline, receipt
 from duplex_sidecars.router.config import CanaryConfig
 from duplex_sidecars.router.endpoints import DECODE, PREFILL, Engine, EnginePool
 from duplex_sidecars.router.errors import RouterError
@@ -57,6 +59,8 @@ HINTS = {
     "retained": "decode kept no blocks for the next turn: is bidirectional_kv_xfer on for decode?",
     "d_to_p": "prefill recomputed instead of reading decode's blocks: check bidirectional_kv_xfer on prefill, "
     "kv_recompute_threshold against the canary's prompt (router canary.prompt_words), and decode's block TTL",
+    "receipt": "the engines read decode's blocks back but the receipt clients get says otherwise: a router bug, "
+    "please report it with this verdict",
 }
 
 
@@ -112,6 +116,7 @@ class Exchange:
         self.started = False
         self.status = 0
         self.out = bytearray()
+        self.headers: dict[str, str] = {}  # the answer's (its receipt)
 
     def header(self, name: str) -> str | None:
         return self._headers.get(name.lower())
@@ -120,11 +125,11 @@ class Exchange:
         return False
 
     def respond(self, status: int, body: bytes, content_type: str = "", headers: dict[str, str] | None = None) -> None:
-        self.started, self.status = True, status
-        self.out += body
+        self.start(status, headers, body)
 
     def start(self, status: int, headers: dict[str, str] | None = None, first: bytes | bytearray = b"") -> None:
         self.started, self.status = True, status
+        self.headers.update(headers or {})
         self.out += first
 
     def write(self, data: bytes | bytearray) -> None:
@@ -274,11 +279,14 @@ class Canary:
             raise StepFailed("retained", why + HINTS["retained"])
         if not ctx.replayed or second.external <= 0 or second.reads <= 0:
             raise StepFailed("d_to_p", HINTS["d_to_p"])
-        t1, t2 = turns
+        r1, r2 = (receipt.parse(t["receipt"]) for t in turns)
+        if not r2.hit or r2.tokens <= 0:
+            raise StepFailed("receipt", f'turn 2 answered kv;desc="{r2.kv}": ' + HINTS["receipt"])
         return {
             "message": f"prefill computed {first_p.computed:.0f} tokens, decode read them "
             f"({first_d.read_bytes:.0f} bytes), prefill read {second.external:.0f} back ({second.read_bytes:.0f} "
-            f"bytes); prefill legs {t1['prefill_seconds']:.3f} s, then {t2['prefill_seconds']:.3f} s with the read",
+            f"bytes); prefill legs {r1.prefill or 0:.3f} s, then {r2.prefill or 0:.3f} s with the read; "
+            f"turn 2's receipt: hit:{r2.tokens}",
             "p_to_d_bytes": first_d.read_bytes,
             "d_to_p_bytes": second.read_bytes,
             "d_to_p_tokens": second.external,
@@ -307,18 +315,15 @@ class Canary:
         turn = parse_turn(exchange, exchange.body, cc, deps.config.served_model_names, TENANT)
         if salt is not None:
             turn.body["cache_salt"] = salt  # after the scope was taken: turn 2 (unsalted) may still replay turn 1
+        turn.receipts = True
         started = time.perf_counter()
         ctx = await asyncio.wait_for(pipeline.serve(deps, exchange, turn), self.config.turn_timeout_seconds)
-        turns.append(
-            {
-                "seconds": round(time.perf_counter() - started, 4),
-                "replayed": ctx.replayed,
-                "prefill_seconds": round(ctx.prefill_seconds or 0.0, 4),
-            }
-        )
+        seconds = round(time.perf_counter() - started, 4)
         if exchange.status != 200:
             detail = bytes(exchange.out[:300]).decode(errors="replace")
-            raise StepFailed("error", f"turn {len(turns)} answered HTTP {exchange.status}: {detail}")
+            raise StepFailed("error", f"turn {len(turns) + 1} answered HTTP {exchange.status}: {detail}")
+        said = exchange.headers.get("Server-Timing", "")
+        turns.append({"seconds": seconds, "replayed": receipt.parse(said).hit, "receipt": said})
         answer, _ = jsonio.loads(bytes(exchange.out))
         return ctx, answer
 
