@@ -8,10 +8,12 @@ as plain Deployments end pods today).
 A local cluster with a real node (as the e2e tier), duplex installed by its chart, examples/local.yaml with two
 decode pods, driven through the router's Service by agentic conversations: each turn resends the whole history,
 then a tool's think time. During that load, one after another: a KV-compatible change (a decode env var: the decode
-Deployment rolls), a KV-incompatible change (the block size: both roles roll as a new KV revision), a decode pod deleted, decode scaled 2 to 1 (then back, unmeasured). Per event: client requests
-that failed, follow-up turns that reused decode's blocks and those that recomputed (the router's counters), bindings
-lost with a pod (`endpoint_gone` misses: a pod ended while a conversation was bound to it), and the seconds until the
-pods the event removes are gone. See docs/benchmarks.md ("Lifecycle benchmark").
+Deployment rolls), a KV-incompatible change (the block size: both roles roll as a new KV revision), a decode pod
+deleted, decode scaled 2 to 1 (then back, unmeasured). Per event: client requests that failed, follow-up turns that
+reused decode's blocks and those that recomputed, and why (each answer's receipt, router/receipt.py: every
+conversation is a tenant of its own, so its receipts name the miss reason), bindings lost with a pod (`endpoint_gone`
+misses: a pod ended while a conversation was bound to it), the most recomputes one conversation had, and the seconds
+until the pods the event removes are gone. See docs/benchmarks.md ("Lifecycle benchmark").
 """
 
 from __future__ import annotations
@@ -43,20 +45,16 @@ sys.path.insert(0, BENCH)
 
 import results_io
 
-from duplex_dev import images, processes
+from duplex_dev import images
 from duplex_dev.cluster import LocalCluster, tools
 from duplex_dev.cluster.node_config import CHART_NODE_SELECTOR
+from duplex_sidecars.router import receipt
 
-ADMIN_PORT = 9090
 SERVING = "local"
 DECODE = f"duplex.dev/serving={SERVING},duplex.dev/role=decode"
 ROUTER = f"duplex.dev/serving={SERVING},duplex.dev/role=router"
 TOOL_OUTPUT = " ".join(f"row{i} value{i * 7 % 97}" for i in range(200))
 VARIANTS = {"drain": None, "no drain": 0}  # spec.decode.drain.deadlineSeconds (None: the default)
-
-
-# What a follow-up turn can miss on during these events (revision_changed: moved to a new KV revision).
-MISS_REASONS = ("endpoint_gone", "endpoint_draining", "endpoint_unhealthy", "expired", "revision_changed", "no_entry")
 
 
 def say(message: str) -> None:
@@ -109,7 +107,9 @@ class Turn:
     ended: float
     ok: bool
     first: bool
+    conversation: str
     error: str = ""
+    kv: str = ""  # the receipt's verdict: hit:<tokens> or miss:<reason>
 
 
 @dataclass
@@ -146,8 +146,8 @@ class Load:
                     return
                 body = {"model": self.model, "messages": messages, "max_tokens": 12, "conversation_id": cid}
                 started = time.monotonic()
-                answer, error = self._post(body)
-                self.log.append(Turn(started, time.monotonic(), answer is not None, n == 0, error))
+                answer, kv, error = self._post(body, cid)
+                self.log.append(Turn(started, time.monotonic(), answer is not None, n == 0, cid, error, kv))
                 if answer is None:
                     break  # a failed turn ends the conversation, as an agent would retry from scratch
                 messages += [
@@ -156,15 +156,16 @@ class Load:
                 ]
                 self._stop.wait(rng.uniform(*self.think))
 
-    def _post(self, body: dict[str, Any]) -> tuple[str | None, str]:
-        req = urllib.request.Request(
-            self.url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
-        )
+    def _post(self, body: dict[str, Any], tenant: str) -> tuple[str | None, str, str]:
+        """The reply's text (None when the turn failed), its receipt's verdict, the error."""
+        headers = {"content-type": "application/json", "authorization": f"Bearer {tenant}"}
+        req = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=120) as resp:
-                return json.loads(resp.read())["choices"][0]["message"]["content"], ""
+                kv = receipt.parse(resp.headers.get("Server-Timing", "")).kv
+                return json.loads(resp.read())["choices"][0]["message"]["content"], kv, ""
         except (OSError, ValueError, KeyError) as exc:
-            return None, f"{type(exc).__name__}: {exc}"[:200]
+            return None, "", f"{type(exc).__name__}: {exc}"[:200]
 
 
 # --- one variant ------------------------------------------------------------------------------------------------
@@ -179,26 +180,30 @@ def serving_doc(deadline: int | None) -> dict[str, Any]:
     return dict(doc)
 
 
-def counters(cluster: Cluster, ns: str) -> dict[str, float]:
-    """The router pod's reuse counters (one router: its counters are the serving's)."""
-    samples = []
-    for pod in cluster.ready(ns, ROUTER):
-        samples += processes.scrape(f"http://{pod['status']['podIP']}:{ADMIN_PORT}/metrics", timeout=10)
-    out = {
-        "hits": processes.metric_sum(samples, "duplex_router_kv_reuse_hits_total"),
-        "misses": processes.metric_sum(samples, "duplex_router_kv_reuse_misses_total"),
+def tally(turns: list[Turn]) -> dict[str, Any]:
+    """What the receipts of these turns say: follow-ups reused or recomputed, and why."""
+    follow_ups = [t for t in turns if t.ok and not t.first]
+    reasons = [t.kv.partition(":")[2] or "?" for t in follow_ups if not t.kv.startswith("hit:")]
+    per_conversation: dict[str, int] = {}
+    for t in follow_ups:
+        if not t.kv.startswith("hit:"):
+            per_conversation[t.conversation] = per_conversation.get(t.conversation, 0) + 1
+    return {
+        "follow_ups": len(follow_ups),
+        "reused": len(follow_ups) - len(reasons),
+        "recomputed": len(reasons),
+        "bindings_lost": reasons.count("endpoint_gone"),
+        "miss_reasons": {r: reasons.count(r) for r in sorted(set(reasons))},
+        "most_recomputes_in_a_conversation": max(per_conversation.values(), default=0),
     }
-    for reason in MISS_REASONS:
-        out[reason] = processes.metric_sum(samples, "duplex_router_kv_reuse_misses_total", reason=reason)
-    return out
 
 
 def measure(
     cluster: Cluster, ns: str, load: Load, name: str, act: Callable[[], set[str]], settle: float
 ) -> dict[str, Any]:
     """Run `act` (it returns the pods the event removes), wait until they are gone and the decode pods are back to
-    Ready, then `settle` seconds of load; what the router and the clients saw over that window."""
-    before, mark = counters(cluster, ns), len(load.log)
+    Ready, then `settle` seconds of load; what the clients saw over that window."""
+    mark = len(load.log)
     started = time.monotonic()
     leaving = act()
     say(f"{name}: {len(leaving)} pod(s) to go: {', '.join(sorted(leaving))}")
@@ -213,21 +218,13 @@ def measure(
             break
         time.sleep(0.5)
     time.sleep(settle)  # load keeps running: the turns after the event are part of its window
-    after = counters(cluster, ns)
     turns = load.log[mark:]
-    delta = {k: after[k] - before[k] for k in after}
-    first_turns = sum(1 for t in turns if t.first and t.ok)
-    follow_ups = delta["hits"] + delta["misses"] - first_turns
     return {
         "event": name,
         "requests": len(turns),
         "failed": sum(1 for t in turns if not t.ok),
         "errors": sorted({t.error for t in turns if not t.ok})[:5],
-        "follow_ups": follow_ups,
-        "reused": delta["hits"],
-        "recomputed": follow_ups - delta["hits"],
-        "bindings_lost": delta["endpoint_gone"],
-        "miss_reasons": {k: delta[k] for k in MISS_REASONS if k != "no_entry"},
+        **tally(turns),
         "removed_pods_gone_s": gone_after,
     }
 
@@ -315,8 +312,9 @@ def markdown(results: dict[str, Any]) -> str:
         f"(simulated engines, real NIXL over UCX), think time 0.5-2 s, {results['settle_s']:g} s of load after each "
         "event. `no drain` is the same serving with `spec.decode.drain.deadlineSeconds: 0`.",
         "",
-        "| event | variant | requests | failed | follow-ups | reused | recomputed | bindings lost | removed pods gone |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| event | variant | requests | failed | follow-ups | reused | recomputed (why) | most in one conversation "
+        "| bindings lost | removed pods gone |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     by_event: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for variant, events in results["variants"].items():
@@ -326,14 +324,17 @@ def markdown(results: dict[str, Any]) -> str:
         for variant, e in rows:
             share = f" ({e['reused'] / e['follow_ups']:.0%})" if e["follow_ups"] else ""
             gone = f"{e['removed_pods_gone_s']:.1f} s" if e["removed_pods_gone_s"] is not None else "not in 900 s"
+            why = ", ".join(f"{k} {v}" for k, v in e["miss_reasons"].items())
             lines.append(
-                f"| {event} | {variant} | {e['requests']} | {e['failed']} | {e['follow_ups']:g} | "
-                f"{e['reused']:g}{share} | {e['recomputed']:g} | {e['bindings_lost']:g} | {gone} |"
+                f"| {event} | {variant} | {e['requests']} | {e['failed']} | {e['follow_ups']} | "
+                f"{e['reused']}{share} | {e['recomputed']}{f' ({why})' if why else ''} | "
+                f"{e['most_recomputes_in_a_conversation']} | {e['bindings_lost']} | {gone} |"
             )
     lines += [
         "",
         "Follow-ups are turns after a conversation's first; `reused` ones read decode's blocks back, `recomputed` ones "
-        "did not (any miss reason). `bindings lost`: turns whose blocks had gone with their pod (`endpoint_gone`).",
+        "did not, with the miss reasons their receipts gave. `bindings lost`: turns whose blocks had gone with their "
+        "pod (`endpoint_gone`).",
         "A KV-incompatible change (a block size) is rolled as a new KV revision in both variants: its target is one "
         "recompute per conversation going on (`revision_changed`, or `endpoint_gone` once the old pod has ended) and "
         "no failed request. Not measured here: a node drain (the local cluster has one real node).",

@@ -6,7 +6,10 @@ every turn is non-streamed (a streamed one would leave nothing to reuse). Its TT
 have seen: the client's wall time for the whole turn minus the time decode spent after its first token, from decode's
 own histograms (vllm:e2e_request_latency_seconds - vllm:time_to_first_token_seconds, whose sums grow by exactly this
 request's values, since turns run one at a time). It holds the router, the prefill leg (with any D->P read), decode's
-read of prefill's KV and decode's first step.
+read of prefill's KV and decode's first step. Where the router's part went comes from the turn's receipt
+(router/receipt.py): the prefill leg's time, the router's own, and whether the turn read decode's blocks back, and how
+many tokens' worth. Only decode's first-token time needs its histograms: a non-streamed answer's first byte is its
+last.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from duplex_dev import processes
 from duplex_dev.launch.engine_key import DEV_ENGINE_AUTH
 from duplex_dev.launch.router import RouterProcess
 from duplex_dev.launch.vllm import Change, VllmEngine, served_model
+from duplex_sidecars.router import receipt
 
 EXTERNAL = "vllm:prompt_tokens_by_source_total"
 
@@ -31,12 +35,19 @@ class TurnError(RuntimeError):
 
 
 def post(url: str, body: dict[str, Any], timeout: float = 900, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    return exchange(url, body, timeout, headers)[0]
+
+
+def exchange(
+    url: str, body: dict[str, Any], timeout: float = 900, headers: dict[str, str] | None = None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The answer and its headers."""
     sent = {"content-type": "application/json", **(headers or {})}
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=sent)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             out: dict[str, Any] = json.loads(resp.read())
-            return out
+            return out, dict(resp.headers)
     except urllib.error.HTTPError as err:
         raise TurnError(f"{url}: HTTP {err.code}: {err.read()[:1000]!r}") from err
 
@@ -90,16 +101,13 @@ class Snapshot:
     decode_e2e_sum: float
     decode_ttft_sum: float
     decode_count: float
-    leg_sum: float  # router: prefill legs' duration
-    hits: float  # router: prefill legs that replayed decode's blocks
     per_prefill: tuple[
         tuple[float, float, float, float, float, float], ...
     ]  # external, local, computed, reads, read s, bytes
 
     @classmethod
-    def take(cls, prefills: list[VllmEngine], decode: VllmEngine, router: RouterProcess) -> Snapshot:
+    def take(cls, prefills: list[VllmEngine], decode: VllmEngine) -> Snapshot:
         d = decode.metrics()
-        r = processes.scrape(router.url + "/metrics", timeout=30)
         rows = []
         for p in prefills:
             m = p.metrics()
@@ -121,8 +129,6 @@ class Snapshot:
             processes.metric_sum(d, "vllm:e2e_request_latency_seconds_sum"),
             processes.metric_sum(d, "vllm:time_to_first_token_seconds_sum"),
             processes.metric_sum(d, "vllm:e2e_request_latency_seconds_count"),
-            processes.metric_sum(r, "duplex_router_leg_duration_seconds_sum", leg="prefill"),
-            processes.metric_sum(r, "duplex_router_kv_reuse_hits_total"),
             tuple(rows),
         )
 
@@ -161,14 +167,15 @@ def measure(
     conversation_id: str | None,
 ) -> tuple[dict[str, Any], str]:
     """One turn through the router; the sample (timings and counter deltas) and the reply's text."""
-    before = Snapshot.take(prefills, decode, router)
+    before = Snapshot.take(prefills, decode)
     send = {**body, "conversation_id": conversation_id} if conversation_id else body
     started = time.perf_counter()
-    answer = post(router.url + "/v1/chat/completions", send)
+    answer, headers = exchange(router.url + "/v1/chat/completions", send)
     wall = time.perf_counter() - started
+    said = receipt.parse(headers.get("Server-Timing", ""))
     deadline = time.monotonic() + 10
     while True:  # decode's histograms are updated just after it answers
-        after = Snapshot.take(prefills, decode, router)
+        after = Snapshot.take(prefills, decode)
         if after.decode_count > before.decode_count or time.monotonic() > deadline:
             break
         time.sleep(0.05)
@@ -187,8 +194,10 @@ def measure(
         "wall_s": wall,
         "ttft_s": wall - after_decode,
         "decode_ttft_s": after.decode_ttft_sum - before.decode_ttft_sum,
-        "prefill_leg_s": after.leg_sum - before.leg_sum,
-        "replayed": after.hits - before.hits > 0,
+        "prefill_leg_s": said.prefill or 0.0,
+        "router_s": said.router,
+        "replayed": said.hit,
+        "reused_tokens": said.tokens,
         "prefill_engine": served[0] if len(served) == 1 else None,
         "external_tokens": sum(d[0] for d in delta),
         "local_tokens": sum(d[1] for d in delta),

@@ -1,7 +1,7 @@
-"""`make bench-ttft`'s harness on real engines, in its quick form: every contender measured on every turn, and the
+"""`make bench-ttft`'s harness on real engines, in its quick form: every contender measured on every turn, the
 oracle's untimed warm-up (which goes to the engines around the router, with the engine key) really leaves the
-previous turn in prefill's cache. The full run takes ~45 min; this one a few, with its own two engines, before the
-tier's session engines start (`own_engines`)."""
+previous turn in prefill's cache, and each turn's receipt agrees with what prefill counted. The full run takes ~45
+min; this one a few, with its own two engines, before the tier's session engines start (`own_engines`)."""
 
 from __future__ import annotations
 
@@ -32,5 +32,13 @@ def test_the_quick_ttft_bench_measures_every_contender_and_warms_the_oracle(mode
             assert s["local_tokens"] > 0 and s["computed_tokens"] < s["prompt_tokens"], s
         if s["contender"] == "recompute":
             assert s["local_tokens"] == 0 and s["external_tokens"] == 0, s
+        # the receipt and prefill's counters agree: a read only on a turn the receipt calls a hit (a hit offers
+        # decode's blocks; prefill may take some or all of them from its own prefix cache instead)
+        assert s["replayed"] == (s["reused_tokens"] > 0), s
+        if s["external_tokens"] > 0:
+            assert s["replayed"], s
+        if s["replayed"]:
+            assert s["contender"] == "duplex" and s["external_tokens"] + s["local_tokens"] > 0, s
+    assert any(s["replayed"] for s in later if s["contender"] == "duplex")
     assert all(s["ttft_s"] > 0 and s["prefill_engine"] == 0 for s in samples)
     assert stem.with_suffix(".md").read_text().startswith("#")
