@@ -6,7 +6,8 @@ Each role is sized so that its saturation (legs in flight over what its engines 
 spec.autoscaling.targetSaturation: ceil(demand / target), where demand is the legs in flight in engines' worth,
 summed over routers (each counts its own legs). Demand does not depend on how many pods measured it, so a report
 taken before a scale-up does not scale again once the pods are there. While the time to first token misses its
-objective, prefill gets at least one pod more. The prefill-per-decode bounds raise the smaller role. Up at once; down only after the
+objective, prefill gets one pod more, once per minute measured wholly after its last scale-up (a TTFT from before it
+says nothing of the pods it added). The prefill-per-decode bounds raise the smaller role. Up at once; down only after the
 recommendation has stayed below the size for scaleDownSeconds, and then to the highest recommendation of that
 window. The last decision lives in status, so an operator restart carries on where it was.
 """
@@ -50,18 +51,21 @@ def plan(
     if not roles:
         return None
     auto = serving.spec.autoscaling
-    loads = []
+    loads, fresh = [], []
+    prefill_up = getattr(getattr(previous, "prefill", None), "scaled_up_at", None)
     for _, report in reports:
         age = _age(report.get("at"), at)
         if isinstance(report.get("load"), dict) and age is not None and age <= LOAD_MAX_AGE_SECONDS:
             loads.append(report["load"])
-    ttfts = [float(t) for load in loads if isinstance(t := load.get("ttft_p90"), (int, float))]
-    ttft = max(ttfts) if ttfts else None
+            if _measured_after(report, prefill_up):
+                fresh.append(report["load"])
+    ttft = _worst_ttft(loads)
     current = {r: _current(serving, r, live.get(r)) for r in ROLES}
     saturation = {r: _summed(loads, r, "saturation") for r in ROLES}
     demand = {r: _summed(loads, r, "demand") for r in ROLES}
     recommended = {r: _recommend(auto, _scaling(serving, r), current[r], demand[r]) for r in roles}
-    if "prefill" in roles and auto.ttft_p90_seconds is not None and ttft is not None and ttft > auto.ttft_p90_seconds:
+    slow = _worst_ttft(fresh)
+    if "prefill" in roles and auto.ttft_p90_seconds is not None and slow is not None and slow > auto.ttft_p90_seconds:
         scaling = _scaling(serving, "prefill")
         recommended["prefill"] = scaling.bound(max(recommended["prefill"], current["prefill"] + 1))
     _bound_ratio(serving, recommended, current)
@@ -82,6 +86,22 @@ def plan(
         status = status.model_copy(update={"at": previous.at})  # nothing new: status is not rewritten
     replicas = {r: current[r] if auto.dry_run else p.replicas for r, p in plans.items()}
     return Plan(status, replicas, changes)
+
+
+def _worst_ttft(loads: Sequence[Mapping[str, Any]]) -> float | None:
+    ttfts = [float(t) for load in loads if isinstance(t := load.get("ttft_p90"), (int, float))]
+    return max(ttfts) if ttfts else None
+
+
+def _measured_after(report: Mapping[str, Any], stamp: str | None) -> bool:
+    """Whether the report's window (its last `seconds` before `at`) began after `stamp` (None: always)."""
+    if stamp is None:
+        return True
+    age = _age(stamp, str(report.get("at")))
+    seconds = (report.get("load") or {}).get("seconds")
+    if age is None or not isinstance(seconds, (int, float)):
+        return False
+    return age > seconds
 
 
 def _scaling(serving: Serving, role: str) -> ScalingSpec:
@@ -133,7 +153,8 @@ def _stabilize(
 ) -> RolePlan:
     demand, saturation = measured
     sat = None if saturation is None or math.isinf(saturation) else round(saturation, 3)
-    common = {"recommended": recommended, "saturation": sat, "demand": demand}
+    up = at if recommended > current and demand is not None else before.scaled_up_at if before is not None else None
+    common = {"recommended": recommended, "saturation": sat, "demand": demand, "scaled_up_at": up}
     if demand is None:
         return RolePlan(replicas=current, reason="NoMeasurements", **common)
     if recommended >= current:

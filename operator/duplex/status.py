@@ -296,13 +296,16 @@ def ready_message(status: DisaggregatedServingStatus) -> str:
 
 
 def patch_body(status: DisaggregatedServingStatus) -> dict[str, Any]:
-    """The status as written: a merge patch, so fields left out are kept and none is written as null, except in
-    effectiveKV.recomputeCalibration, where a null removes what no longer applies (all of it without Auto)."""
+    """The status as written: a merge patch, so fields left out are kept and none is written as null, except where a
+    null removes what no longer applies: in effectiveKV.recomputeCalibration (all of it without Auto) and in
+    autoscaling (a role's window below its size ends: lowerSince and lowerPeak go)."""
     body = status.model_dump(by_alias=True, exclude_none=True, mode="json")
     kv = body.get("effectiveKV")
     if kv is not None and status.effective_kv is not None:
         calibration = status.effective_kv.recompute_calibration
         kv["recomputeCalibration"] = calibration.model_dump(by_alias=True, mode="json") if calibration else None
+    if status.autoscaling is not None:
+        body["autoscaling"] = status.autoscaling.model_dump(by_alias=True, mode="json")
     return body
 
 

@@ -93,6 +93,9 @@ class RolePlan(_Status):
     reason: str = Field(description="Why replicas is what it is: ScaleUp, ScaleDown, Hold, Waiting, NoMeasurements.")
     lower_since: str | None = Field(None, description="Since when the recommendation has stayed below the size.")
     lower_peak: int | None = Field(None, description="The highest recommendation since lowerSince.")
+    scaled_up_at: str | None = Field(
+        None, description="When the planner last added pods to the role: a TTFT measured before it asks for no more."
+    )
 
 
 class Autoscaling(_Status):

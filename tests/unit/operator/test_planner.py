@@ -10,7 +10,8 @@ from typing import Any
 
 from sync_helpers import READY, T1, edit, observed, parent
 
-from duplex.api.status import Autoscaling
+from duplex import status
+from duplex.api.status import Autoscaling, DisaggregatedServingStatus
 from duplex.planner import plan
 from duplex.render import parse
 from duplex.sync import sync
@@ -30,7 +31,7 @@ def live(prefill: int, decode: int) -> dict[str, Any]:
 def report(at: str = T1, ttft: float | None = None, **demand: float) -> tuple[str, dict[str, Any]]:
     """A router's load: each role's demand (legs in flight in engines' worth; saturation beside it for status)."""
     load = {role: {"demand": value, "saturation": value / 2, "peak": value} for role, value in demand.items()}
-    return ("router-0", {"at": at, "load": {**load, "turns": 10, "ttft_p90": ttft}})
+    return ("router-0", {"at": at, "load": {**load, "seconds": 60, "turns": 10, "ttft_p90": ttft}})
 
 
 def test_no_automatic_role_no_plan() -> None:
@@ -74,6 +75,21 @@ def test_prefill_grows_while_ttft_misses_its_objective() -> None:
     assert met.status.prefill.recommended == 1 and met.status.prefill.reason == "Waiting"  # down only later
 
 
+def test_a_slow_minute_adds_one_prefill_pod_and_another_only_once_measured_after_it() -> None:
+    """A TTFT measured before the last scale-up says nothing of the pods it added: the operator's own write of the
+    Deployment (another pass, the same report) and the next report, whose minute began before the scale-up, add none."""
+    slow = serving({"autoscaling": {"ttftP90Seconds": 2.0}})
+    at = "2026-01-01T00:05:{:02d}Z".format
+    first = plan(slow, live(1, 1), [report(at=at(0), ttft=3.5, prefill=0.4, decode=0.4)], None, at(1))
+    assert first.replicas["prefill"] == 2 and first.status.prefill.scaled_up_at == at(1)
+    again = plan(slow, live(2, 1), [report(at=at(0), ttft=3.5, prefill=0.4, decode=0.4)], first.status, at(2))
+    assert again.replicas["prefill"] == 2
+    later = plan(slow, live(2, 1), [report(at=at(45), ttft=3.5, prefill=0.4, decode=0.4)], again.status, at(46))
+    assert later.replicas["prefill"] == 2 and later.status.prefill.scaled_up_at == at(1)
+    after = plan(slow, live(2, 1), [report(at="2026-01-01T00:06:05Z", ttft=3.5, prefill=0.4)], later.status, T2)
+    assert after.replicas["prefill"] == 3  # its minute began after the scale-up, and still missed
+
+
 def test_the_prefill_per_decode_bounds_raise_the_smaller_role() -> None:
     bounded = serving({"autoscaling": {"prefillPerDecode": {"min": 0.5, "max": 1.0}}})
     decision = plan(bounded, live(1, 1), [report(prefill=0.1, decode=3.0)], None, T1)
@@ -93,6 +109,9 @@ def test_down_only_after_the_window_and_to_its_highest_recommendation() -> None:
     assert third.replicas["decode"] == 3 and third.status.decode.reason == "ScaleDown"
     back_up = plan(s, live(4, 4), [report(at=T2, decode=3.0)], first.status, T2)  # a Hold resets the window
     assert back_up.status.decode.reason == "Hold" and back_up.status.decode.lower_since is None
+    # ... and the status write removes the window (a merge patch keeps what it leaves out)
+    written = status.patch_body(DisaggregatedServingStatus(autoscaling=back_up.status))["autoscaling"]["decode"]
+    assert written["lowerSince"] is None and written["lowerPeak"] is None
 
 
 def test_an_unchanged_decision_keeps_its_time_so_status_is_not_rewritten() -> None:
