@@ -325,8 +325,27 @@ def _automatic_rules(role: str) -> tuple[Rule, ...]:
     )
 
 
+class PrefillDrainSpec(Model):
+    """What happens when the last prefill pod new turns can use goes away (a node drain or an eviction of a single
+    prefill): it keeps taking turns until a replacement serves, so that no request finds no prefill."""
+
+    deadline_seconds: int = Field(
+        600,
+        ge=0,
+        le=86_400,
+        description="The most a terminating prefill pod waits, in its preStop hook, while no other prefill pod of "
+        "its KV revision serves: it takes new turns meanwhile (the routers use it only when nothing else is left) and "
+        "ends as soon as another serves. A rollout's new pod is Ready before the old one goes, so it never waits "
+        "then. The default leaves a replacement time to load a large model. 0: no wait.",
+    )
+
+
 class PrefillSpec(RoleSpec):
     RULES = owned_arg_rules(role="prefill") + paired_rules() + _automatic_rules("prefill")
+
+    drain: PrefillDrainSpec = Field(
+        default_factory=PrefillDrainSpec, description="A terminating prefill pod that is the last one serving."
+    )
 
 
 class DrainSpec(Model):

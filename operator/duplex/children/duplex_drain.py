@@ -1,4 +1,5 @@
-"""A decode pod's preStop hook: hold the pod until no conversation is bound to it any more.
+"""An engine pod's preStop hook: hold a decode pod until no conversation is bound to it any more, and a prefill pod
+while it is the last one the routers can send turns to.
 
 When a decode pod is deleted (rollout, scale-in, drain, eviction) the kubelet runs this before SIGTERM. The pod
 still serves meanwhile; its EndpointSlice entry turns `terminating`, so the router stops binding new turns to it
@@ -6,7 +7,8 @@ but lets each bound conversation's next turn read its blocks once and bind elsew
 port (`GET /drain`) how many active bindings (stored within `--active` seconds: conversations still going; older
 ones are taken as finished) and legs the pod still holds, and returns when both are 0, when the router cannot be
 reached (nobody is left to read the blocks), or at `--deadline` (the serving's drain deadline; the pod's grace period
-leaves vLLM time to shut down after it).
+leaves vLLM time to shut down after it). For a prefill pod the router answers `held` 1 while no other prefill pod of
+the revision new turns go to serves (it keeps taking turns as the last resort), 0 once one does.
 
 Standard library only: it runs in the engine image's Python, from the ConfigMap that also carries the engine guard.
 """
@@ -99,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     endpoint = f"http://{f'[{host}]' if ':' in host else host}:{args.port}"
     started = time.monotonic()
-    say(f"holding {endpoint} until no active conversation is bound to it (at most {args.deadline:g} s)")
+    until = "no active conversation is bound to it" if args.active is not None else "the routers let it go"
+    say(f"holding {endpoint} until {until} (at most {args.deadline:g} s)")
     why = wait(args.router, endpoint, os.environ.get(args.key_env) or None, args.deadline, active=args.active)
     say(f"{why} after {time.monotonic() - started:.1f} s")
     return 0

@@ -4,8 +4,11 @@
   routers hold no active binding (stored within drain.activeSeconds) and no leg on it, or until the drain deadline. Meanwhile the pod serves: its EndpointSlice
   entry is `terminating` but `serving`, so the routers read its blocks for each bound conversation's next turn and
   bind that turn elsewhere. Then SIGTERM; vLLM's --shutdown-timeout lets generations still running finish.
-* Prefill: no hook (a terminating prefill gets no new legs at once); --shutdown-timeout keeps it stepping after
-  SIGTERM until decode has pulled what it prefilled, which the block lease bounds.
+* Prefill: a preStop hook (the same script) holds a terminating pod while it is the only prefill pod of its KV
+  revision the routers can use (a node drain or an eviction of a single prefill), until another serves or
+  prefill.drain.deadlineSeconds; the routers give it new legs only when nothing else is left. A rollout's surge pod is
+  Ready first, so the hook returns at once then. After SIGTERM, --shutdown-timeout keeps it stepping until decode has
+  pulled what it prefilled, which the block lease bounds.
 * Router: a preStop sleep lets the endpoint controller and every node's kube-proxy take the pod out of the
   Service before it stops listening; on SIGTERM it stops accepting and lets requests and streams in flight finish
   (router config shutdown_grace_seconds).
@@ -33,10 +36,12 @@ def drain_service_name(serving: str) -> str:
     return child_name(serving, "drain")
 
 
-def drain_deadline(spec: DisaggregatedServingSpec) -> int:
-    """Seconds a terminating decode pod may wait for its bindings. Default: how long decode retains blocks, which
-    bounds the router's TTL, so no binding outlives it (the router's own TTL is a router field: changing it must not
-    roll the engines)."""
+def drain_deadline(spec: DisaggregatedServingSpec, role: str = "decode") -> int:
+    """Seconds a terminating engine pod may hold in its preStop hook. Decode, for its bindings; default: how long
+    decode retains blocks, which bounds the router's TTL, so no binding outlives it (the router's own TTL is a router
+    field: changing it must not roll the engines). Prefill, while it is the last one serving."""
+    if role == "prefill":
+        return spec.prefill.drain.deadline_seconds
     explicit = spec.decode.drain.deadline_seconds
     return spec.kv_transfer.decode_blocks_ttl if explicit is None else explicit
 
@@ -53,24 +58,25 @@ def args(spec: DisaggregatedServingSpec, role: str) -> list[str]:
 
 
 def drains(spec: DisaggregatedServingSpec, role: str) -> bool:
-    return role == "decode" and drain_deadline(spec) > 0
+    return drain_deadline(spec, role) > 0
 
 
 def grace_seconds(spec: DisaggregatedServingSpec, role: str) -> int:
     """terminationGracePeriodSeconds: the preStop hook's deadline (it counts against the grace period), then the
     engine's shutdown timeout, then the exit margin."""
-    hook = drain_deadline(spec) if drains(spec, role) else 0
+    hook = drain_deadline(spec, role) if drains(spec, role) else 0
     return hook + shutdown_timeout(spec, role) + EXIT_MARGIN_SECONDS
 
 
 def pre_stop(spec: DisaggregatedServingSpec, serving: str, namespace: str, role: str) -> dict[str, Any] | None:
-    """The decode pods' preStop hook (None for prefill, or with a drain deadline of 0)."""
+    """The engine pods' preStop hook (None with a drain deadline of 0)."""
     if not drains(spec, role):
         return None
     router = f"http://{drain_service_name(serving)}.{namespace}.svc:{ADMIN_PORT}"
     command = ["python3", f"{MOUNT_PATH}/{DRAIN_SCRIPT}", "--router", router, "--port", str(HTTP_PORT)]
-    active = str(spec.decode.drain.active_seconds)
-    return {"exec": {"command": [*command, "--active", active, "--deadline", str(drain_deadline(spec))]}}
+    if role == "decode":
+        command += ["--active", str(spec.decode.drain.active_seconds)]
+    return {"exec": {"command": [*command, "--deadline", str(drain_deadline(spec, role))]}}
 
 
 def router_grace_seconds() -> int:

@@ -457,7 +457,7 @@ async def _ready_bare(router: Router, request: Request) -> None:
 
 async def _ready(router: Router, request: Request) -> None:
     """/ready for operators: engines and their URLs and KV revisions, store, fabric, canary, calibration, placement
-    rates."""
+    rates, the config generation and where its traces go."""
     ready = router.engines.ready()
     now = router.live
     body = {
@@ -470,6 +470,7 @@ async def _ready(router: Router, request: Request) -> None:
         "calibration": router.calibrated(),
         "placement": {"prefill": now.config.placement.prefill, **now.leg_costs.describe()},
         "config_generation": now.generation,
+        "traces_to": now.config.tracing.endpoint,  # the collector this generation exports to (None: tracing off)
     }
     if router.watcher is not None:
         body["discovery"] = {"synced": dict(router.watcher.synced)}
@@ -477,8 +478,9 @@ async def _ready(router: Router, request: Request) -> None:
 
 
 async def _drain(router: Router, request: Request) -> None:
-    """What a decode pod's preStop hook waits on (operator/duplex/children/duplex_drain.py): whether this router sees
-    the engine at `?endpoint=` as draining, the live bindings and legs it still holds, and with `&active=<seconds>`
+    """What an engine pod's preStop hook waits on (operator/duplex/children/duplex_drain.py): whether this router sees
+    the engine at `?endpoint=` as draining and its legs in flight; for a prefill engine, whether another serves
+    (`prefill_drain`); for a decode engine, the live bindings it still holds, and with `&active=<seconds>`
     the bindings stored within that many seconds: the conversations still going (older ones are taken as finished).
     An engine of a KV revision that new requests no longer go to is `retired`: no prefill engine of its revision takes
     new work, so none reads its bindings again, and it holds none. Engines prove themselves with the engine key when
@@ -498,12 +500,16 @@ async def _drain(router: Router, request: Request) -> None:
         send_error(
             request,
             400,
-            "Name the decode engine, and optionally the seconds a binding counts as active: "
+            "Name the engine, and for a decode engine optionally the seconds a binding counts as active: "
             "/drain?endpoint=http://<pod-ip>:<port>&active=<seconds>.",
             code="bad_request",
         )
         return
     url = normalize_url(url)
+    prefill = router.engines.prefill.get(url)
+    if prefill is not None:
+        request.respond(200, json.dumps(prefill_drain(router.engines, prefill)).encode())
+        return
     engine = router.engines.decode.get(url)
     ttl = router.config.conversation.ttl_seconds
     body: dict[str, Any] = {
@@ -527,6 +533,24 @@ async def _drain(router: Router, request: Request) -> None:
         router.metrics.store_errors.labels("held").inc()
         body["held"] = body["active"] = None  # unknown: the hook keeps waiting
     request.respond(200, json.dumps(body).encode())
+
+
+def prefill_drain(engines: Engines, engine: Engine) -> dict[str, Any]:
+    """A terminating prefill engine is held (`held` 1) while no other prefill engine of the revision new requests go
+    to serves: until then it is the last resort for every turn."""
+    target = engines.target_revision()
+    others = sum(
+        1 for e in engines.prefill.engines.values() if e is not engine and e.serving and target in (None, e.revision)
+    )
+    return {
+        "endpoint": engine.url,
+        "known": True,
+        "role": PREFILL,
+        "draining": engine.draining,
+        "inflight": engine.inflight,
+        "others": others,
+        "held": 0 if others else 1,
+    }
 
 
 def retired_revision(engines: Engines, engine: Engine | None) -> str | None:

@@ -6,7 +6,9 @@ call.
 
 A draining decode engine (its pod is terminating and waits in its preStop hook, docs/architecture.md "Draining")
 stays in the pool: the next turn of a conversation bound to it still reads its blocks, but the picker gives it no new
-decode leg, so the conversation binds elsewhere and the pod's hold ends.
+decode leg, so the conversation binds elsewhere and the pod's hold ends. A draining prefill engine stays too, for the
+case where it is the last one: the picker gives it legs only when no other prefill engine is left, and its hook holds
+the pod until another serves.
 
 During a KV-incompatible rollout the engines of two KV revisions serve side by side, and a prefill engine's blocks can
 only be read by a decode engine of its own revision (and back). Each engine names its revision on its health answers
@@ -178,6 +180,10 @@ class EnginePool:
     def _serving(self) -> list[Engine]:
         return [e for e in self.engines.values() if e.healthy is not False and not e.draining]
 
+    def only_draining_left(self) -> bool:
+        """No engine answered its last probe and takes new legs: whatever serves now is draining."""
+        return not any(e.serving for e in self.engines.values())
+
     def saturation(self, slots: int | None) -> float:
         """Legs in flight over what the serving engines run at once, `slots` each: 1 is full, above it legs queue
         inside the engines. NaN without `slots`; +Inf with legs in flight and no serving engine left."""
@@ -259,15 +265,14 @@ class Engines:
     def set_role(
         self, role: str, urls: Iterable[str], draining: Iterable[str] = (), desired: str | None = None
     ) -> list[str]:
-        """The role's endpoints: `urls` ready, `draining` terminating but still serving. Only decode keeps draining
-        engines (their blocks are still read); a terminating prefill engine gets no legs and owes only the reads of
-        its last ones, which vLLM's --shutdown-timeout waits for. `desired`: the KV revision the source wants new work
-        on (None: no wish; see `target_revision`)."""
+        """The role's endpoints: `urls` ready, `draining` terminating but still serving (a decode engine's blocks are
+        still read; a prefill engine is the last resort while it is the only one). `desired`: the KV revision the
+        source wants new work on (None: no wish; see `target_revision`)."""
         urls = list(urls)
         if desired != self.desired[role]:
             log.info("%s engines: the desired KV revision is now %s", role, desired)
             self.desired[role] = desired
-        removed = self.pool(role).set_urls(urls, draining if role == DECODE else ())
+        removed = self.pool(role).set_urls(urls, draining)
         if removed:
             log.info("%s engines left: %s", role, ", ".join(removed))
         if role == DECODE and removed:

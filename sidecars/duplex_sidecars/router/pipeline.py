@@ -472,10 +472,13 @@ async def answer_and_record(
 async def record(
     deps: Deps, turn: Turn, engine: Engine, kv_params: Any, reply: Reply, prefill_url: str | None = None
 ) -> None:
-    """Store the turn's capture; recording is an optimisation and never costs the client its answer."""
+    """Store the turn's capture; recording is an optimisation and never costs the client its answer. A draining
+    decode engine binds nothing while another serves (its hook waits for what it holds); when it is the last one (a
+    single decode replaced), it binds as any engine would, and the conversation moves once a replacement serves."""
     outcome = "not_stored"
     try:
-        capture = reuse.after_decode(turn, engine.url, kv_params, reply, prefill_url, engine.draining)
+        draining = engine.draining and not deps.engines.decode.only_draining_left()
+        capture = reuse.after_decode(turn, engine.url, kv_params, reply, prefill_url, draining)
         outcome = capture.outcome
         if capture.why is not None:
             log.debug("request %s: not storing decode's blocks: %s", turn.request_id, capture.why)

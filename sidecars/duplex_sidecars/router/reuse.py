@@ -169,7 +169,8 @@ def after_decode(
 ) -> Capture:
     """The entry to store after decode answered `reply` with `kv_params` (None when it sent none), and where. A reply
     that cannot be replayed leaves a tombstone saying why, so that the next turn's miss names the cause. A `draining`
-    decode engine gets no binding: its pod's preStop hook waits for the bindings it holds to end."""
+    decode engine (one that is not the last) gets no binding: its pod's preStop hook waits for the bindings it holds
+    to end."""
     if turn.keying is None:
         return Capture("not_stored")
     covered = turn.api.covered(turn.history, reply) if turn.history is not None else None

@@ -56,6 +56,7 @@ FULL: dict[str, Any] = {
         "rollout": {"maxSurge": 0, "maxUnavailable": 1, "progressDeadlineSeconds": 1800},
         "env": [{"name": "P", "value": "p"}, {"name": "P2", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}],
         "extraArgs": ["--max-num-partial-prefills", "2"],
+        "drain": {"deadlineSeconds": 300},
     },
     "decode": {
         "replicas": 3,
@@ -220,7 +221,9 @@ DEFAULTS: dict[str, Any] = {
             "rollout": {"maxSurge": 1, "maxUnavailable": 0, "progressDeadlineSeconds": 600},
             "env": [],
             "extraArgs": [],
-            **({"drain": {"deadlineSeconds": None, "activeSeconds": 120}} if role == "decode" else {}),
+            "drain": (
+                {"deadlineSeconds": None, "activeSeconds": 120} if role == "decode" else {"deadlineSeconds": 600}
+            ),
         }
         for role in ("prefill", "decode")
     },

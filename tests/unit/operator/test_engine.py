@@ -482,8 +482,13 @@ def test_the_drain_deadline_follows_its_field_and_zero_turns_the_hook_off() -> N
     assert pod_spec({"decode": {"drain": {"deadlineSeconds": 0}}}, role="decode")["terminationGracePeriodSeconds"] == 40
 
 
-def test_prefill_has_no_hook_and_keeps_stepping_for_its_block_lease() -> None:
+def test_prefill_holds_while_it_is_the_last_one_then_keeps_stepping_for_its_block_lease() -> None:
     patch = {"kvTransfer": {"leaseDuration": 120}}
-    assert "lifecycle" not in container(deployment(patch))
+    hook = container(deployment(patch))["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook[:2] == ["python3", "/opt/duplex/engine-guard/duplex_drain.py"]
+    assert hook[-2:] == ["--deadline", "600"] and "--active" not in hook  # no bindings: held while it is the last
     assert container(deployment(patch))["args"][-2:] == ["--shutdown-timeout", "130"]
-    assert pod_spec(patch)["terminationGracePeriodSeconds"] == 140
+    assert pod_spec(patch)["terminationGracePeriodSeconds"] == 600 + 130 + 10
+    off = {**patch, "prefill": {"drain": {"deadlineSeconds": 0}}}
+    assert "lifecycle" not in container(deployment(off))
+    assert pod_spec(off)["terminationGracePeriodSeconds"] == 140

@@ -37,6 +37,7 @@ async def test_the_admin_port_has_the_detail_and_no_api(make_rig):
     assert status == 200 and detail["ready"] is True
     assert rig.p.url.encode() in body and rig.d.url.encode() in body
     assert {"store", "placement", "calibration", "config_generation"} <= detail.keys()
+    assert detail["traces_to"] is None  # tracing off
     status, body = await get(rig, rig.server.admin_url + "/metrics")
     assert status == 200 and b"duplex_router_requests_total" in body
     async with rig.session.post(rig.server.admin_url + "/v1/chat/completions", json={"messages": []}) as resp:

@@ -1,6 +1,7 @@
 """A draining decode engine (its pod terminating, in its preStop hook): the conversations bound to it read its blocks
 once more and bind elsewhere; it takes no new legs while another engine is left; /drain on the admin port tells the
-hook what it still holds, to the engine key only. And the router's own shutdown lets what is in flight finish."""
+hook what it still holds, to the engine key only. A draining prefill engine takes legs only while no other is left,
+and its hook holds the pod until another serves. And the router's own shutdown lets what is in flight finish."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from duplex.children import duplex_drain
 from duplex_sidecars.router.app import shutdown
-from duplex_sidecars.router.endpoints import DECODE
+from duplex_sidecars.router.endpoints import DECODE, PREFILL
 from duplex_sidecars.router.store import Entry, MemoryStore
 
 USER = {"role": "user", "content": "Summarise the report. " + "row value " * 40}
@@ -69,15 +70,24 @@ async def test_a_bound_conversation_reads_from_the_draining_engine_once_and_bind
     assert rig.metric("duplex_router_endpoints", role="decode", state="draining") == 1
 
 
-async def test_with_only_draining_engines_left_turns_are_served_but_bind_nowhere(make_rig):
-    rig = await make_rig(n_decode=1)
-    d0 = rig.decode[0].url
+async def test_the_last_decode_engine_draining_still_binds_and_its_conversations_move_once_another_serves(make_rig):
+    """A single decode pod replaced (a node drain): its turns until the replacement serves bind to it rather than
+    recompute every time; then the next turn reads from it and binds to the replacement, and it holds nothing."""
+    rig = await make_rig(n_decode=2)
+    d0, d1 = (e.url for e in rig.decode)
     rig.router.engines.set_role(DECODE, [], draining=[d0])
     status, _, text = await rig.chat([USER], conv="a")
     assert status == 200  # served rather than refused
-    assert await rig.router.store.held(d0) == 0
-    await rig.chat(follow_up(text), conv="a")
-    assert rig.metric("duplex_router_kv_reuse_misses_total", reason="endpoint_draining") == 1
+    assert await rig.router.store.held(d0) == 1  # bound: the turn after reads it back
+    history = follow_up(text)
+    status, _, text = await rig.chat(history, conv="a")
+    assert status == 200 and rig.metric("duplex_router_kv_reuse_hits_total") == 1
+    rig.router.engines.set_role(DECODE, [d1], draining=[d0])  # the replacement
+    assert rig.router.prober is not None
+    await rig.router.prober.probe_all()
+    await rig.chat([*history, {"role": "assistant", "content": text}, {"role": "user", "content": "more"}], conv="a")
+    assert rig.metric("duplex_router_kv_reuse_hits_total") == 2  # read from d0 once more ...
+    assert await rig.router.store.held(d0) == 0 and await rig.router.store.held(d1) == 1  # ... and bound to d1
 
 
 async def test_drain_needs_the_engine_key_and_an_endpoint(make_rig, engine_key):
@@ -140,6 +150,40 @@ async def test_the_pre_stop_hook_gives_up_on_an_unreachable_router_and_at_its_de
     assert await asyncio.to_thread(duplex_drain.wait, rig.server.admin_url, d0, "engine-key", 0.3, 0.05) == "deadline"
     closed = "http://127.0.0.1:1"
     assert await asyncio.to_thread(duplex_drain.wait, closed, d0, "engine-key", 30.0, 0.01) == "unreachable"
+
+
+async def test_a_draining_prefill_is_the_last_resort_and_is_held_until_another_serves(
+    make_rig, engine_key, monkeypatch
+):
+    """A node drain evicting the only prefill pod: it keeps taking turns (no request finds no prefill) and its hook
+    waits until a replacement has answered a probe; then new turns go there and the hook lets the pod go."""
+    monkeypatch.setattr(duplex_drain, "say", lambda message: None)
+    rig = await make_rig(n_prefill=2, **engine_key)
+    p0, p1 = (e.url for e in rig.prefill)
+    engines = rig.router.engines
+    engines.set_role(PREFILL, [], draining=[p0])  # p0's pod is evicted; p1, its replacement, is not listed yet
+    status, _, _ = await rig.chat([USER], conv="a")
+    assert status == 200 and len(rig.prefill[0].seen) == 1  # served by the draining pod rather than refused
+    assert (await drain_state(rig, p0))[1] == {
+        "endpoint": p0,
+        "known": True,
+        "role": "prefill",
+        "draining": True,
+        "inflight": 0,
+        "others": 0,
+        "held": 1,
+    }
+    hook = asyncio.create_task(
+        asyncio.to_thread(duplex_drain.wait, rig.server.admin_url, p0, "engine-key", 30.0, interval=0.05)
+    )
+    await asyncio.sleep(0.3)
+    assert not hook.done()
+    engines.set_role(PREFILL, [p1], draining=[p0])  # the replacement is Ready
+    assert rig.router.prober is not None
+    await rig.router.prober.probe_all()
+    assert await asyncio.wait_for(hook, 10) == "released"
+    await rig.chat([USER], conv="b")
+    assert len(rig.prefill[0].seen) == 1 and len(rig.prefill[1].seen) == 1  # new turns go to the replacement
 
 
 # --- the router's own shutdown ------------------------------------------------------------------------------------
