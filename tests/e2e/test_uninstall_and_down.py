@@ -1,5 +1,5 @@
 """The end of the tier (this file runs after the others): what a user removes goes, and `duplex-dev cluster down`
-leaves nothing of the real node on the machine."""
+leaves nothing of either real node on the machine."""
 
 from __future__ import annotations
 
@@ -32,14 +32,19 @@ def test_deleting_the_serving_and_uninstalling_the_chart_leave_nothing_running(s
 
 
 def test_cluster_down_leaves_no_process_mount_namespace_link_route_rule_or_cgroup(node_cluster: Cluster) -> None:
-    node = node_cluster.local.node
-    assert node is not None
+    nodes = node_cluster.local.nodes
+    assert [node.name for node in nodes] == ["duplex-node", "duplex-node-b"]
     records = node_cluster.local.process_records()
+    assert {f"{node.name}/kubelet" for node in nodes[1:]} <= set(records)  # every node's daemons were recorded
     state_dir = node_cluster.local.state_dir
     node_cluster.local.down()
-    assert node.leftovers() == []
+    for node in nodes:
+        assert node.leftovers() == [], node.name
     assert mounts_under(Path(state_dir)) == []
     alive = [f"{name} (pid {record.pid})" for name, record in records.items() if processes.is_alive(record)]
     assert alive == [], alive
     host_rules = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
-    assert node.addrs.pod_cidr not in host_rules and "KUBE-" not in host_rules
+    assert "KUBE-" not in host_rules
+    assert all(node.addrs.pod_cidr not in host_rules for node in nodes)
+    routes = subprocess.run(["ip", "route", "show"], capture_output=True, text=True).stdout
+    assert all(node.addrs.link_cidr not in routes and node.addrs.pod_cidr not in routes for node in nodes), routes

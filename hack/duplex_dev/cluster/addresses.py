@@ -3,12 +3,18 @@ creates can be confused with, or route to, a real network.
 
     198.18.<slot>.0/24        pods of the real node of slot 0..14 (gateway .1 on the node's bridge)
     198.18.255.<4*slot>/30    the link between the host (.+1) and the node's network namespace (.+2)
-    198.19.<8*slot>.0/21      Services of a cluster with a real node in that slot
+    198.19.<8*slot>.0/21      Services of a cluster whose first real node is in that slot
     198.19.120.0/21           Services of a cluster without a real node (no route leads there)
     198.19.128.0/18           pod addresses kwok makes up for the fake nodes (never carry a packet)
     198.19.255.0/24           the fake nodes' InternalIPs (tests/fixtures/fake-nodes.yaml)
 
-A slot lets a second cluster with a real node (the tests' beside a developer's `make run`) run at the same time."""
+A slot is one real node's: its network namespace, link, pod range and cgroup. A slot lets a second cluster with a real
+node (the tests' beside a developer's `make run`) run at the same time, and a cluster with two real nodes (the e2e
+tier's, for a node drain) takes two slots, the first free ones, as two clusters would: the nodes then share nothing
+that `down` could tear from the wrong owner, and the addresses of a node never depend on which cluster it is in. The
+cluster's Services come from its first node's slot (the host routes them into that node, whose kube-proxy answers
+them as any node's would); the other nodes' Service ranges stay unused. 15 slots are then 15 one-node clusters, or
+fewer with more nodes: far more than 2 cores run at once."""
 
 from __future__ import annotations
 
@@ -44,6 +50,11 @@ class NodeAddresses:
     @property
     def link_prefix(self) -> int:
         return 30
+
+    @property
+    def link_cidr(self) -> str:
+        """Both ends of the link: another node of the cluster routes it through the host."""
+        return f"198.18.255.{4 * self.slot}/{self.link_prefix}"
 
     @property
     def pod_cidr(self) -> str:

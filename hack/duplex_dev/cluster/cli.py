@@ -18,7 +18,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="duplex-dev cluster",
         description="A local Kubernetes cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, "
-        "kwok with fake EKS EFA GPU nodes, and a real node (containerd, runc, kubelet, kube-proxy in a network "
+        "kwok with fake EKS EFA GPU nodes, and real nodes (containerd, runc, kubelet, kube-proxy, each in a network "
         "namespace of its own, addresses from 198.18.0.0/15) where pods really run.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -38,10 +38,18 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--no-real-node", action="store_true", help="the control plane and the fake fleet only (no root needed)"
     )
+    up.add_argument(
+        "--real-nodes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="real nodes to run, each in a slot of its own (default 1: duplex-node; 2 adds duplex-node-b, which a "
+        "node drain needs to move pods to)",
+    )
     sub.add_parser("down", parents=[common], help="stop every component and remove the runtime state")
     sub.add_parser("status", parents=[common], help="component health and nodes; exit 1 when not running")
     sub.add_parser("kubeconfig", parents=[common], help="print the admin kubeconfig path")
-    load = sub.add_parser("load-image", parents=[common], help="import an image into the real node's containerd")
+    load = sub.add_parser("load-image", parents=[common], help="import an image into every real node's containerd")
     load.add_argument("image", nargs="?", default=None, help="image in buildah's storage (default: the project's)")
     return parser
 
@@ -57,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
             # A terminated `up` must still stop what it started: turn SIGTERM into an exception startup cleans up on.
             signal.signal(signal.SIGTERM, _terminated)
             cluster = LocalCluster(
-                args.dir, bin_dir=args.bin_dir, nodes_file=args.nodes, real_node=not args.no_real_node
+                args.dir,
+                bin_dir=args.bin_dir,
+                nodes_file=args.nodes,
+                real_nodes=0 if args.no_real_node else args.real_nodes,
             )
             cluster.up(timeout=args.timeout, build=not args.no_build)
             print(cluster.kubeconfig)

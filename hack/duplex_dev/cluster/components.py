@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from duplex_dev.cluster.addresses import KWOK_POD_CIDR, NODELESS_SERVICE_CIDR
+from duplex_dev.cluster.node_config import NODE_NAME
 from duplex_dev.cluster.pki import PKIPaths
 
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -86,8 +87,12 @@ class Layout:
 
     @property
     def node_dir(self) -> Path:
-        """The real node's files (node_config.NodeLayout)."""
+        """The first real node's files (node_config.NodeLayout)."""
         return self.root / "node"
+
+    def node_dir_of(self, name: str) -> Path:
+        """A real node's files: `node` for the first, `node-b`, `node-c`, ... for the others."""
+        return self.node_dir if name == NODE_NAME else self.root / f"node-{name.removeprefix(NODE_NAME + '-')}"
 
     def pid_file(self, component: str) -> Path:
         """For shell users; state.json is what LocalCluster trusts (it also records each process's start time)."""

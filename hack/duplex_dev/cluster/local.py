@@ -24,7 +24,7 @@ from duplex_dev.cluster import components, hostnet, pki, rest, tools
 from duplex_dev.cluster.addresses import NodeAddresses, nodeless_kubernetes_service_ip
 from duplex_dev.cluster.components import COMPONENTS, Layout, Network, Ports
 from duplex_dev.cluster.node import NODE_COMPONENTS, RealNode, save_sysctls
-from duplex_dev.cluster.node_config import NODE_NAME
+from duplex_dev.cluster.node_config import NODE_NAME, node_name
 from duplex_dev.processes import ProcessRecord
 
 STATE_VERSION = 1
@@ -96,10 +96,10 @@ class ClusterStatus:
             state = "healthy" if c.alive and c.healthy else ("unhealthy" if c.alive else "not running")
             lines.append(f"  {c.name:<24} pid {c.pid!s:<8} {state}")
         if self.nodes:
-            lines.append(f"  {'NODE':<10} {'TYPE':<15} {'READY':<6} {'GPU':>4} {'NEURON':>6} {'EFA':>4}")
+            lines.append(f"  {'NODE':<14} {'TYPE':<15} {'READY':<6} {'GPU':>4} {'NEURON':>6} {'EFA':>4}")
             for n in self.nodes:
                 lines.append(
-                    f"  {n['name']:<10} {n['instance_type']:<15} {n['ready']!s:<6} {n['gpu']:>4} "
+                    f"  {n['name']:<14} {n['instance_type']:<15} {n['ready']!s:<6} {n['gpu']:>4} "
                     f"{n['neuron']:>6} {n['efa']:>4}"
                 )
         return "\n".join(lines)
@@ -111,6 +111,16 @@ def _free_ports(count: int) -> list[int]:
 
 def _safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
+
+
+def _node_entries(state: dict | None) -> list[dict]:
+    """The real nodes a state file records, first first: `nodes` (name, slot), or the one node of a state written
+    before there could be two (`network.node_slot`)."""
+    state = state or {}
+    if "nodes" in state:
+        return list(state["nodes"])
+    slot = state.get("network", {}).get("node_slot")
+    return [] if slot is None else [{"name": NODE_NAME, "slot": slot}]
 
 
 def _node_summary(node: dict) -> dict:
@@ -138,10 +148,16 @@ class LocalCluster:
         nodes_file: str | Path | None = None,
         echo: Callable[[str], None] | None = None,
         real_node: bool = False,
+        real_nodes: int | None = None,
     ):
+        """`real_nodes`: how many real nodes to start, each in a slot of its own (addresses.py); `real_node=True` is
+        one. Reading, stopping and importing need neither: they follow the state file."""
         self.layout = Layout(Path(state_dir).expanduser().resolve() if state_dir else default_state_dir().resolve())
         self._bin_dir = Path(bin_dir).expanduser() if bin_dir else None
-        self.real_node = real_node
+        self.real_nodes = int(real_node) if real_nodes is None else real_nodes
+        if not 0 <= self.real_nodes <= 26:
+            raise ValueError(f"real_nodes={self.real_nodes}: 0..26")
+        self.real_node = self.real_nodes > 0
         self.nodes_file = Path(nodes_file) if nodes_file else tools.FAKE_NODES
         self._echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
         self._t0 = time.monotonic()
@@ -181,15 +197,22 @@ class LocalCluster:
         return self.layout.log(component)
 
     def log_tails(self, lines: int = 30) -> dict[str, str]:
-        names = (*COMPONENTS, *NODE_COMPONENTS)
+        nodes = self.nodes
+        keys = [node.key(c) for node in nodes for c in NODE_COMPONENTS] if nodes else NODE_COMPONENTS
+        names = (*COMPONENTS, *keys)
         return {c: processes.log_tail(self.layout.log(c), lines) for c in names if self.layout.log(c).exists()}
 
     @property
+    def nodes(self) -> list[RealNode]:
+        """The real nodes this cluster runs, `duplex-node` first (none without)."""
+        return [self._real_node(entry["name"], entry["slot"]) for entry in _node_entries(self._load_state())]
+
+    @property
     def node(self) -> RealNode | None:
-        """The real node, when this cluster runs one."""
-        state = self._load_state()
-        slot = (state or {}).get("network", {}).get("node_slot")
-        return None if slot is None else RealNode(self.layout.node_dir, NodeAddresses(slot), self._say)
+        """The first real node, `duplex-node`, when this cluster runs one: the host reaches the Services through
+        it (its kube-proxy's rules are the ones a client on the host goes through)."""
+        nodes = self.nodes
+        return nodes[0] if nodes else None
 
     def process_records(self) -> dict[str, ProcessRecord]:
         """Every process of the cluster the state file records (control plane and node daemons)."""
@@ -197,12 +220,16 @@ class LocalCluster:
         return {name: ProcessRecord.from_json(data) for name, data in state.get("processes", {}).items()}
 
     def import_image(self, archive: Path) -> str:
-        """Import an image archive (OCI or docker, as `buildah push` writes) into the real node's containerd."""
-        node = self.node
-        if node is None:
+        """Import an image archive (OCI or docker, as `buildah push` writes) into every real node's containerd;
+        returns what the first import printed."""
+        nodes = self.nodes
+        if not nodes:
             raise ClusterError("cluster", "no real node in this cluster: start it with real_node=True (--real-node)")
-        self._say(f"importing {archive.name} ({archive.stat().st_size / 2**20:.0f} MiB) into the node's containerd")
-        return node.import_image(tools.node_binaries(self.bin_dir), archive)
+        binaries, printed = tools.node_binaries(self.bin_dir), []
+        for node in nodes:
+            self._say(f"importing {archive.name} ({archive.stat().st_size / 2**20:.0f} MiB) into {node.name}")
+            printed.append(node.import_image(binaries, archive))
+        return printed[0]
 
     def is_running(self) -> bool:
         return self.status(with_nodes=False).running
@@ -239,7 +266,8 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         layout = self.layout
         layout.logs_dir.mkdir(parents=True, exist_ok=True)
-        addrs = self._wire_node() if self.real_node else None
+        nodes = self._wire_nodes(self.real_nodes)
+        addrs = nodes[0].addrs if nodes else None
         if addrs is None:
             network, host, apiserver_ips = Network(), "127.0.0.1", [nodeless_kubernetes_service_ip()]
         else:
@@ -273,6 +301,7 @@ class LocalCluster:
             "audit_log": str(layout.audit_log),
             "ports": asdict(ports),
             "network": asdict(network),
+            "nodes": [{"name": node.name, "slot": node.addrs.slot} for node in nodes],
             "processes": {},
         }
         self._save_state(state)
@@ -287,8 +316,8 @@ class LocalCluster:
                 self._await_component(state, name, ports, deadline)
             self._register_nodes(deadline)
             self._await_default_serviceaccount(deadline)
-            if addrs is not None:
-                self._start_node(state, addrs, bin_dir, deadline)
+            if nodes:
+                self._start_nodes(state, nodes, bin_dir, deadline)
         except BaseException:
             self._say("startup failed: stopping what was started")
             self._stop_all(state)
@@ -329,17 +358,17 @@ class LocalCluster:
         ports = Ports(**state["ports"])
         result.kubeconfig, result.server = Path(state["kubeconfig"]), ports.server
         api = self._api(ports) if self.layout.pki.exists() else None
-        node = self.node
-        names = (*COMPONENTS, *(NODE_COMPONENTS if node is not None else ()))
-        for name in names:
+        daemons = {node.key(c): (node, c) for node in self.nodes for c in NODE_COMPONENTS}
+        for name in (*COMPONENTS, *daemons):
             data = state["processes"].get(name)
             if data is None:
                 result.components.append(ComponentHealth(name, None, False, False))
                 continue
             record = ProcessRecord.from_json(data)
             alive = processes.is_alive(record)
-            if name in NODE_COMPONENTS:
-                healthy = alive and node is not None and node.healthy(name)
+            if name in daemons:
+                node, component = daemons[name]
+                healthy = alive and node.healthy(component)
             else:
                 healthy = alive and self._healthy(name, ports, api)
             result.components.append(ComponentHealth(name, record.pid, alive, healthy))
@@ -538,36 +567,55 @@ class LocalCluster:
                 )
             time.sleep(0.5)
 
-    def _wire_node(self) -> NodeAddresses:
-        addrs = hostnet.claim_slot()
-        # Recorded at once, so that a failure from here on is undone by `down` like the processes are.
-        self._save_state({"version": STATE_VERSION, "network": {"node_slot": addrs.slot}, "processes": {}})
+    def _real_node(self, name: str, slot: int) -> RealNode:
+        return RealNode(self.layout.node_dir_of(name), NodeAddresses(slot), self._say, name)
+
+    def _wire_nodes(self, count: int) -> list[RealNode]:
+        """Claim a slot per node, wire each to the host and join them; none without `count`."""
+        nodes: list[RealNode] = []
         try:
-            hostnet.wire(addrs)
+            for index in range(count):
+                addrs = hostnet.claim_slot()
+                nodes.append(self._real_node(node_name(index), addrs.slot))
+                # Recorded at once, so that a failure from here on is undone by `down` like the processes are.
+                entries = [{"name": n.name, "slot": n.addrs.slot} for n in nodes]
+                self._save_state({"version": STATE_VERSION, "nodes": entries, "processes": {}})
+                hostnet.wire(addrs, services=index == 0)
+                self._say(
+                    f"real node {nodes[-1].name}: slot {addrs.slot}, namespace {addrs.netns}, link {addrs.host_link} "
+                    f"{addrs.host} <-> {addrs.node}, pods {addrs.pod_cidr}"
+                    + (f", Services {addrs.service_cidr}" if index == 0 else "")
+                )
+            hostnet.join([n.addrs for n in nodes])
         except BaseException:
-            hostnet.unwire(addrs)
+            for node in nodes:
+                hostnet.unwire(node.addrs)
             self._remove_runtime()
             raise
-        self._say(
-            f"real node: slot {addrs.slot}, namespace {addrs.netns}, link {addrs.host_link} {addrs.host} <-> "
-            f"{addrs.node}, pods {addrs.pod_cidr}, Services {addrs.service_cidr}"
-        )
-        return addrs
+        return nodes
 
-    def _start_node(self, state: dict, addrs: NodeAddresses, bin_dir: Path, deadline: float) -> None:
+    def _start_nodes(self, state: dict, nodes: list[RealNode], bin_dir: Path, deadline: float) -> None:
+        """Each daemon on every node at once, then the next: the nodes start in about the time of one."""
         binaries = tools.node_binaries(bin_dir)
-        node = RealNode(self.layout.node_dir, addrs, self._say)
-        node.write_config(self.layout.pki, Ports(**state["ports"]).server)
+        for node in nodes:
+            node.write_config(self.layout.pki, Ports(**state["ports"]).server)
         save_sysctls()
         for name in NODE_COMPONENTS:
-            record = node.launch(name, binaries, self.layout.log(name))
-            state["processes"][name] = record.to_json()
-            self._save_state(state)
-            self._say(f"{name} started (pid {record.pid}) in {addrs.netns}, log {record.log}")
-            self._await_node_component(node, name, record, deadline)
-            if name == "containerd":
-                self._say(f"pause image: {node.import_image(binaries, tools.pause_archive())}")
-        self._await_real_node_ready(deadline)
+            started = []
+            for node in nodes:
+                key = node.key(name)
+                record = node.launch(name, binaries, self.layout.log(key))
+                state["processes"][key] = record.to_json()
+                self._save_state(state)
+                self._say(f"{key} started (pid {record.pid}) in {node.addrs.netns}, log {record.log}")
+                started.append((node, record))
+            for node, record in started:
+                self._await_node_component(node, name, record, deadline)
+                if name == "containerd":
+                    pause = node.import_image(binaries, tools.pause_archive())
+                    self._say(f"pause image on {node.name}: {pause}")
+        for node in nodes:
+            self._await_real_node_ready(node.name, deadline)
 
     def _await_node_component(self, node: RealNode, name: str, record: ProcessRecord, deadline: float) -> None:
         until = time.monotonic() + min(BUDGETS[name], max(0.0, deadline - time.monotonic()))
@@ -577,38 +625,46 @@ class LocalCluster:
             if time.monotonic() >= until:
                 raise ClusterError(name, "not healthy in time", processes.log_tail(record.log), record.log)
             time.sleep(0.25)
-        self._say(f"{name} healthy")
+        self._say(f"{node.key(name)} healthy")
 
-    def _await_real_node_ready(self, deadline: float) -> None:
+    def _await_real_node_ready(self, name: str, deadline: float) -> None:
         api = self._api(Ports(**self._require_state()["ports"]))
         until = time.monotonic() + min(BUDGETS["real node"], max(0.0, deadline - time.monotonic()))
         while True:
             with contextlib.suppress(OSError, TimeoutError):
-                resp = api.get(f"/api/v1/nodes/{NODE_NAME}")
+                resp = api.get(f"/api/v1/nodes/{name}")
                 if resp.status == 200 and _node_summary(resp.json())["ready"]:
-                    self._say(f"node {NODE_NAME} Ready: pods on it really run")
+                    self._say(f"node {name} Ready: pods on it really run")
                     return
             if time.monotonic() >= until:
-                log = self.layout.log("kubelet")
-                raise ClusterError("kubelet", f"node {NODE_NAME} not Ready in time", processes.log_tail(log), log)
+                log = self.layout.log("kubelet" if name == NODE_NAME else f"{name}/kubelet")
+                raise ClusterError("kubelet", f"node {name} not Ready in time", processes.log_tail(log), log)
             time.sleep(0.5)
 
     def _stop_all(self, state: dict) -> list[str]:
-        stopped, stuck = [], []
-        slot = state.get("network", {}).get("node_slot")
-        if slot is not None:
-            node = RealNode(self.layout.node_dir, NodeAddresses(slot), self._say)
+        stopped: list[str] = []
+        stuck: list[str] = []
+        nodes = [self._real_node(entry["name"], entry["slot"]) for entry in _node_entries(state)]
+        recorded = state.get("processes", {})
+        # Every node's pods stop before any node's routes go (RealNode.stop_processes says why).
+        left: list[str] = []
+        for node in nodes:
             records = {
-                name: ProcessRecord.from_json(data)
-                for name, data in state.get("processes", {}).items()
-                if name in NODE_COMPONENTS
+                c: ProcessRecord.from_json(recorded[node.key(c)]) for c in NODE_COMPONENTS if node.key(c) in recorded
             }
-            left = node.stop(records)
-            if left:
-                raise ClusterError("real node", f"left behind after stopping: {'; '.join(left)}")
+            left += [f"{node.name}: {what}" for what in node.stop_processes(records)]
+            stopped += [node.key(c) for c in records]
+        for node in nodes:
+            node.unwire()
+        left += [f"{node.name}: {what}" for node in nodes for what in node.leftovers()]
+        if left:
+            raise ClusterError("real node", f"left behind after stopping: {'; '.join(left)}")
+        for node in nodes:
             node.remove_files()
-            stopped += [name for name in NODE_COMPONENTS if name in records]
-            self._say(f"real node stopped: no process, mount, cgroup, namespace or route of it is left (slot {slot})")
+            self._say(
+                f"real node {node.name} stopped: no process, mount, cgroup, namespace or route of it is left "
+                f"(slot {node.addrs.slot})"
+            )
         for name in reversed(COMPONENTS):
             data = state.get("processes", {}).get(name)
             if data is None:

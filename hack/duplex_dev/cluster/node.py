@@ -96,13 +96,22 @@ class NodeBinaries:
 
 
 class RealNode:
-    """The node of one cluster. Its processes are recorded in the cluster's state (`records`), like the control
-    plane's, so another process can stop it."""
+    """A real node of one cluster. Its processes are recorded in the cluster's state (`records`, by `key`), like the
+    control plane's, so another process can stop it."""
 
-    def __init__(self, root: Path, addrs: NodeAddresses, say: Callable[[str], None]):
-        self.layout = NodeLayout(root)
+    def __init__(self, root: Path, addrs: NodeAddresses, say: Callable[[str], None], name: str = NODE_NAME):
+        self.layout = NodeLayout(root, name)
         self.addrs = addrs
         self._say = say
+
+    @property
+    def name(self) -> str:
+        return self.layout.name
+
+    def key(self, component: str) -> str:
+        """The name a daemon of this node has in the cluster's state and logs: `kubelet` on the first node (as with
+        one node), `duplex-node-b/kubelet` on the others."""
+        return component if self.name == NODE_NAME else f"{self.name}/{component}"
 
     # ----- start -----
 
@@ -128,7 +137,7 @@ class RealNode:
         layout.corefile.write_text(corefile(layout, addrs))
         ca = cluster_pki.ca_cert.read_bytes()
         for component, user, groups in (
-            ("kubelet", f"system:node:{NODE_NAME}", ["system:nodes"]),
+            ("kubelet", f"system:node:{self.name}", ["system:nodes"]),
             ("kube-proxy", "system:kube-proxy", []),
             # Services, EndpointSlices and namespaces of every namespace, read-only in effect (dev tooling: no
             # ClusterRole is bootstrapped for it, as for kwok).
@@ -209,6 +218,14 @@ class RealNode:
     def stop(self, records: dict[str, ProcessRecord]) -> list[str]:
         """Stop the daemons, kill what the cgroup still holds (shims, containers), unmount what they mounted,
         remove the cgroups and the network. Returns what is left (empty when the node is gone)."""
+        stuck = self.stop_processes(records)
+        self.unwire()
+        return stuck + self.leftovers()
+
+    def stop_processes(self, records: dict[str, ProcessRecord]) -> list[str]:
+        """`stop` but the network: a cluster stops every node's pods before it removes any node's routes, so that
+        no pod sends to a node whose routes are gone (the host would route that packet by its default route).
+        `records` by component name. Returns the processes that would not die."""
         for name in reversed(NODE_COMPONENTS):
             record = records.get(name)
             if record is not None:
@@ -216,9 +233,11 @@ class RealNode:
         stuck = cgroups.kill_all(self.addrs.cgroup_root)
         unmount_under(self.layout.root)
         cgroups.remove(self.addrs.cgroup_root)
+        return [f"pid {pid}" for pid in sorted(stuck)]
+
+    def unwire(self) -> None:
         hostnet.unwire(self.addrs)
         restore_sysctls()
-        return [f"pid {pid}" for pid in sorted(stuck)] + self.leftovers()
 
     def leftovers(self) -> list[str]:
         """Processes, mounts, cgroups and network of this node that still exist."""

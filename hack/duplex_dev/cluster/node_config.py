@@ -11,7 +11,7 @@ import yaml
 
 from duplex_dev.cluster.addresses import TEST_RANGE, NodeAddresses
 
-NODE_NAME = "duplex-node"
+NODE_NAME = "duplex-node"  # the cluster's first real node; the others are duplex-node-b, duplex-node-c, ...
 # What must really run (the local examples, the chart's operator) selects the node by this label; without it a pod
 # could land on a fake node, where kwok reports it Running and nothing runs.
 NODE_LABEL = ("duplex.dev/real-node", "true")
@@ -26,12 +26,20 @@ CNI_PLUGINS = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
 RUNC = Path("/usr/sbin/runc")  # Debian's runc; crun refuses cgroups in hybrid mode
 
 
+def node_name(index: int) -> str:
+    """The name of a cluster's real node by its position: the first keeps NODE_NAME, which the tools and docs use."""
+    if not 0 <= index < 26:
+        raise ValueError(f"real node {index} is outside 0..25")
+    return NODE_NAME if index == 0 else f"{NODE_NAME}-{chr(ord('a') + index)}"
+
+
 @dataclass(frozen=True)
 class NodeLayout:
     """Files and dirs of the real node inside a cluster's state dir. Everything the node writes is under `root`, but
     the pods' logs."""
 
     root: Path
+    name: str = NODE_NAME
 
     @property
     def containerd_root(self) -> Path:
@@ -71,8 +79,9 @@ class NodeLayout:
 
     @property
     def pod_logs(self) -> Path:
-        """Beside the cluster's other logs (outside `root`), so that they outlive `down` for post-mortems."""
-        return self.root.parent / "logs" / "pods"
+        """Beside the cluster's other logs (outside `root`), so that they outlive `down` for post-mortems. One dir per
+        node: a kubelet removes the log dirs of pods it does not know from its own."""
+        return self.root.parent / "logs" / ("pods" if self.name == NODE_NAME else f"pods-{self.name}")
 
     @property
     def corefile(self) -> Path:
@@ -201,12 +210,15 @@ def kubelet_yaml(layout: NodeLayout, addrs: NodeAddresses, ca_file: Path, cgroup
 
 
 def kube_proxy_yaml(layout: NodeLayout, addrs: NodeAddresses) -> str:
+    """`clusterCIDR` is the node's own pod range: a Service connection that does not come from one of its pods (the
+    host's, through the first node) is masqueraded to the node's address, so that the reply comes back through this
+    node's conntrack also from an endpoint on another node."""
     doc = {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
         "mode": "iptables",
         "clientConnection": {"kubeconfig": str(layout.kubeconfig("kube-proxy"))},
-        "hostnameOverride": NODE_NAME,
+        "hostnameOverride": layout.name,
         "bindAddress": addrs.node,
         "clusterCIDR": addrs.pod_cidr,
         "healthzBindAddress": f"{addrs.node}:{KUBE_PROXY_HEALTHZ_PORT}",
@@ -247,7 +259,7 @@ def kubelet_argv(binary: Path, layout: NodeLayout, addrs: NodeAddresses) -> list
         f"--kubeconfig={layout.kubeconfig('kubelet')}",
         f"--root-dir={layout.kubelet_root}",
         f"--cert-dir={layout.kubelet_root / 'pki'}",
-        f"--hostname-override={NODE_NAME}",
+        f"--hostname-override={layout.name}",
         f"--node-ip={addrs.node}",
         f"--node-labels={NODE_LABEL[0]}={NODE_LABEL[1]}",
         "--v=1",

@@ -19,12 +19,16 @@ from duplex_dev.cluster.addresses import (
     TEST_RANGE,
     NodeAddresses,
 )
+from duplex_dev.cluster.components import Layout
 from duplex_dev.cluster.node_config import (
+    NODE_NAME,
     NodeLayout,
     cni_conflist,
     containerd_toml,
     kube_proxy_yaml,
+    kubelet_argv,
     kubelet_yaml,
+    node_name,
 )
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -104,3 +108,20 @@ def test_kube_proxy_leaves_the_host_s_conntrack_settings_alone(tmp_path: Path) -
     cfg = yaml.safe_load(kube_proxy_yaml(NodeLayout(tmp_path), NodeAddresses(0)))
     assert cfg["conntrack"]["maxPerCore"] == 0 and cfg["conntrack"]["min"] == 0
     assert cfg["clusterCIDR"] == "198.18.0.0/24"
+
+
+def test_a_second_node_shares_no_name_dir_log_dir_or_address_with_the_first(tmp_path: Path) -> None:
+    """Two real nodes of one cluster (`real_nodes=2`): the first keeps what one node had; the second has its own
+    name, files, pods' logs (a kubelet removes the log dirs of pods it does not know) and slot."""
+    assert [node_name(i) for i in range(3)] == [NODE_NAME, "duplex-node-b", "duplex-node-c"]
+    state = Layout(tmp_path)
+    first = NodeLayout(state.node_dir_of(NODE_NAME), NODE_NAME)
+    second = NodeLayout(state.node_dir_of("duplex-node-b"), "duplex-node-b")
+    assert first.root == state.node_dir and first.pod_logs == tmp_path / "logs" / "pods"
+    assert second.root != first.root and second.pod_logs != first.pod_logs
+    assert not second.pod_logs.is_relative_to(first.pod_logs)
+    for layout, addrs in ((first, NodeAddresses(0)), (second, NodeAddresses(1))):
+        assert f"--hostname-override={layout.name}" in kubelet_argv(Path("kubelet"), layout, addrs)
+        assert yaml.safe_load(kube_proxy_yaml(layout, addrs))["hostnameOverride"] == layout.name
+    a, b = (ipaddress.ip_network(NodeAddresses(slot).link_cidr) for slot in (0, 1))
+    assert not a.overlaps(b) and ipaddress.ip_address(NodeAddresses(1).host) in b
