@@ -40,17 +40,22 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
 
 
-@pytest.fixture(scope="module")
-def jaeger() -> Iterator[JaegerProcess]:
-    """A real Jaeger v2 all-in-one on free loopback ports. Missing is a failure, never a skip: hack/build-tools.sh
-    builds it (the test level of hack/setup.sh)."""
+@pytest.fixture(scope="session")
+def jaeger_path() -> Path:
+    """The real Jaeger v2 binary. Missing is a failure, never a skip: hack/build-tools.sh builds it (the test level
+    of hack/setup.sh)."""
     try:
-        binary = jaeger_binary()
+        return jaeger_binary()
     except JaegerMissing as err:
         ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
         where = "CI: .ci/run's `make test` must have built it. " if ci else ""
         pytest.fail(f"{where}{err}; traces are tested against a real Jaeger, never skipped", pytrace=False)
-    with JaegerProcess(binary=binary) as process:
+
+
+@pytest.fixture(scope="module")
+def jaeger(jaeger_path: Path) -> Iterator[JaegerProcess]:
+    """A real Jaeger v2 all-in-one on free loopback ports."""
+    with JaegerProcess(binary=jaeger_path) as process:
         yield process
 
 

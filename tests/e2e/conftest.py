@@ -22,7 +22,7 @@ import yaml
 
 from duplex_dev import images, processes
 from duplex_dev.cluster import ClusterError, LocalCluster, tools
-from duplex_dev.cluster.node_config import CHART_NODE_SELECTOR, NODE_NAME
+from duplex_dev.cluster.node_config import CHART_NODE_SELECTOR, NODE_NAME, node_name
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -156,7 +156,9 @@ class Cluster:
 
 @pytest.fixture(scope="session")
 def node_cluster(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """The cluster, its real node Ready and the project's image imported into the node."""
+    """The cluster, its two real nodes Ready and the project's images imported into both. The second node,
+    duplex-node-b, starts cordoned: the tier's children land on duplex-node as with one node (test_serving asserts
+    it), and a test that needs a node to move pods to (test_node_drain) uncordons it and leaves it as it found it."""
     if os.geteuid() != 0:
         pytest.fail("the e2e tier runs a real kubelet node: it needs root (namespaces, cgroups, mounts)", pytrace=False)
     try:
@@ -164,7 +166,7 @@ def node_cluster(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         tools.node_binaries(bin_dir)
     except tools.ToolsMissing as err:
         pytest.fail(f"{err}. The e2e tier is never skipped.", pytrace=False)
-    local = LocalCluster(tmp_path_factory.mktemp("e2e-cluster"), bin_dir=bin_dir, real_node=True)
+    local = LocalCluster(tmp_path_factory.mktemp("e2e-cluster"), bin_dir=bin_dir, real_nodes=2)
     _STATE_DIRS.append(local.state_dir)
     try:
         local.up(timeout=300)
@@ -174,7 +176,9 @@ def node_cluster(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         local.down()
         pytest.fail(f"the e2e cluster did not start: {err}", pytrace=False)
     try:
-        yield Cluster(local)
+        cluster = Cluster(local)
+        cluster.kubectl("cordon", node_name(1))
+        yield cluster
     finally:
         local.down()  # raises when anything of the node is left behind (test_cluster_down checks it too)
 
@@ -205,9 +209,11 @@ def serving(installed: Cluster) -> Cluster:
     """examples/local.yaml in its namespace, Ready, its canary verified by the router pod on the engine pods. The
     simulator fails any request whose blocks it finds corrupt, so that a wrong reuse cannot pass unnoticed."""
     installed.kubectl("create", "namespace", NAMESPACE)
-    installed.kubectl(
-        "-n", NAMESPACE, "apply", "-f", "-", input=yaml.safe_dump(local_example(DUPLEX_SIM_ARGS="--fail-on-corrupt"))
-    )
+    doc = local_example(DUPLEX_SIM_ARGS="--fail-on-corrupt")
+    # A decode pod going away waits for bindings stored in the last 30 s, not 120: the tests' conversations turn
+    # within seconds, and an earlier test's last binding then holds a scale-in's pod half a minute, not two.
+    doc["spec"]["decode"]["drain"] = {"activeSeconds": 30}
+    installed.kubectl("-n", NAMESPACE, "apply", "-f", "-", input=yaml.safe_dump(doc))
     wait_for(lambda: installed.condition("Ready").get("status") == "True", 300, "the serving Ready")
     wait_for(
         lambda: installed.condition("DisaggregationVerified").get("status") == "True",
