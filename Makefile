@@ -8,7 +8,7 @@ STAMP_VENV := $(VENV)/.setup-venv-done
 STAMP_RUN  := $(VENV)/.setup-run-done
 STAMP      := $(VENV)/.setup-done
 
-.PHONY: setup run test test-fast test-e2e lint image test-unit test-cluster test-vllm test-realvllm test-image test-chart crds docs crds-check render cluster-up cluster-down bench bench-router bench-http bench-ttft bench-operator bench-placement bench-lifecycle clean
+.PHONY: setup run test test-fast test-e2e lint image test-unit test-cluster test-vllm test-realvllm test-image test-chart crds docs crds-check render cluster-up cluster-down bench bench-router bench-http bench-ttft bench-operator bench-placement bench-lifecycle bench-autoscale clean
 
 $(STAMP_VENV): $(SETUP_INPUTS)
 	bash hack/setup.sh venv
@@ -129,6 +129,14 @@ bench-placement: $(STAMP)
 ## decode drain against the same events without it (~15 min, root).
 bench-lifecycle: $(STAMP_RUN) image
 	$(PY) bench/lifecycle_bench.py
+
+## A load that steps up, holds and falls on the local cluster's real node: fixed replicas, duplex's planner and a
+## CPU-based HPA (metrics-server on the host, built once) one after another: TTFT p90 and replicas over time, SLO
+## attainment, scale events (~21 min, root; `.venv/bin/python bench/autoscale_bench.py --quick`: a smoke run).
+bench-autoscale: $(STAMP_RUN) image
+	@$(PY) -c "import matplotlib" 2>/dev/null || $(VENV)/bin/pip install -q -e '.[bench]'
+	DUPLEX_TOOLS=metrics bash hack/build-tools.sh
+	$(PY) bench/autoscale_bench.py
 
 clean:
 	-$(VENV)/bin/duplex-dev cluster down

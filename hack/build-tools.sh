@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the local cluster's binaries from the Go module proxy into version-keyed caches: the control plane, the real
-# node (kubelet, kube-proxy, containerd, its pause image), the checkers of the chart (promtool, glua) and the trace
-# backend of the traces tests (Jaeger).
+# node (kubelet, kube-proxy, containerd, its pause image), the checkers of the chart (promtool, glua), the trace
+# backend of the traces tests (Jaeger) and, only when asked, metrics-server for the autoscaling benchmark.
 # Idempotent: a component whose binary is already cached is skipped. Never writes into the repo.
 # DUPLEX_TOOLS=run builds what `make run` needs (no checkers); DUPLEX_TOOLS=checks only the checkers;
-# DUPLEX_TOOLS=traces only Jaeger; default: all.
+# DUPLEX_TOOLS=traces only Jaeger; DUPLEX_TOOLS=metrics only metrics-server (`make bench-autoscale`); default: all
+# (without metrics-server).
 set -euo pipefail
 
 HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -181,6 +182,16 @@ build_jaeger() {
   rm -rf "$w"
 }
 
+# The resource metrics API of the autoscaling benchmark's CPU-based HPA (duplex_dev.launch.metrics_server runs it on
+# the host). Its go.mod has no replace directives, so `go install pkg@version` builds it as released.
+build_metrics_server() {
+  local dir="$CACHE/metrics-server-$METRICS_SERVER_VERSION"
+  if [ -x "$dir/metrics-server" ]; then say "metrics-server v$METRICS_SERVER_VERSION: cached"; return; fi
+  say "metrics-server v$METRICS_SERVER_VERSION: building (cold: about 3.5 min on 2 cores)"
+  GOBIN="$dir" go install -trimpath -ldflags "-s -w" \
+    "sigs.k8s.io/metrics-server/cmd/metrics-server@v$METRICS_SERVER_VERSION"
+}
+
 # The InferencePool CRD of the Gateway API Inference Extension, as its release ships it: nothing to build, a file
 # out of the module's source (the integration tier applies it; the repo never holds it).
 fetch_gie_crd() {
@@ -204,8 +215,9 @@ case $TOOLS in
   all) start_job build_glua; start_job build_promtool; start_job fetch_gie_crd; start_job build_jaeger ;;
   checks) build_glua; build_promtool; say "checkers ready"; exit 0 ;;
   traces) build_jaeger; say "jaeger ready in $CACHE/jaeger-$JAEGER_VERSION"; exit 0 ;;
+  metrics) build_metrics_server; say "metrics-server ready in $CACHE/metrics-server-$METRICS_SERVER_VERSION"; exit 0 ;;
   run) ;;
-  *) say "DUPLEX_TOOLS=$TOOLS: expected all, run, checks or traces"; exit 2 ;;
+  *) say "DUPLEX_TOOLS=$TOOLS: expected all, run, checks, traces or metrics"; exit 2 ;;
 esac
 start_job build_k8s
 start_job build_etcd

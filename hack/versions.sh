@@ -29,6 +29,10 @@
 # tracing variant run it all-in-one.
 : "${JAEGER_VERSION:=1.75.0}"
 
+# The resource metrics API for the autoscaling benchmark's CPU-based HPA (hack/build-tools.sh, DUPLEX_TOOLS=metrics):
+# metrics-server as a host process (duplex_dev.launch.metrics_server). 0.9.1 needs Go 1.26.10; 0.9.0 builds with 1.26.8.
+: "${METRICS_SERVER_VERSION:=0.9.0}"
+
 # The project's virtualenv: NIXL's DRAM/UCX transport for the simulator.
 : "${NIXL_VERSION:=1.5.1}"
 

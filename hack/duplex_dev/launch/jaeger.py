@@ -24,7 +24,7 @@ from typing import Any
 
 from duplex_dev import processes
 from duplex_dev.processes import LaunchError, free_port
-from duplex_dev.versions import version
+from duplex_dev.versions import built_tool, cache_dir, version
 
 BUILD_HINT = "run `DUPLEX_TOOLS=traces bash hack/build-tools.sh` (hack/setup.sh builds it with the test tools)"
 
@@ -84,10 +84,9 @@ class JaegerMissing(LaunchError):
 
 def jaeger_binary() -> Path:
     """The Jaeger binary of the pinned version in the tools cache; JaegerMissing, with the command that builds it."""
-    cache = Path(os.environ.get("DUPLEX_CACHE") or Path.home() / ".cache" / "duplex")
-    path = cache / f"jaeger-{version('JAEGER_VERSION')}" / "jaeger"
-    if not os.access(path, os.X_OK):
-        raise JaegerMissing(f"jaeger is missing at {path}: {BUILD_HINT}")
+    path = built_tool("jaeger", "JAEGER_VERSION")
+    if path is None:
+        raise JaegerMissing(f"jaeger {version('JAEGER_VERSION')} is missing in {cache_dir()}: {BUILD_HINT}")
     return path
 
 
