@@ -1,15 +1,16 @@
-"""Conversations through day-2 events on the real node: duplex's decode drain against the same events with the drain
-off (`spec.decode.drain.deadlineSeconds: 0`: a deleted decode pod gets SIGTERM at once and its blocks die with it,
-as plain Deployments end pods today).
+"""Conversations through day-2 events on two real nodes: duplex's drains against the same events with them off (both
+roles' `drain.deadlineSeconds: 0`: a deleted engine pod gets SIGTERM at once and a decode pod's blocks die with it, as
+plain Deployments end pods today).
 
     python bench/lifecycle_bench.py            # 6 conversations: bench/results/lifecycle-<date>.{json,md}
     python bench/lifecycle_bench.py --quick    # 3 conversations; bench/results/tmp/ (ignored)
 
-A local cluster with a real node (as the e2e tier), duplex installed by its chart, examples/local.yaml with two
+A local cluster with two real nodes (as the e2e tier), duplex installed by its chart, examples/local.yaml with two
 decode pods, driven through the router's Service by agentic conversations: each turn resends the whole history,
 then a tool's think time. During that load, one after another: a KV-compatible change (a decode env var: the decode
 Deployment rolls), a KV-incompatible change (the block size: both roles roll as a new KV revision), a decode pod
-deleted, decode scaled 2 to 1 (then back, unmeasured). Per event: client requests that failed, follow-up turns that
+deleted, the engines' node drained (`kubectl drain`: prefill and both decode pods evicted; the router runs on the
+other node, moved there first), decode scaled 2 to 1. Per event: client requests that failed, follow-up turns that
 reused decode's blocks and those that recomputed, and why (each answer's receipt, router/receipt.py: every
 conversation is a tenant of its own, so its receipts name the miss reason), bindings lost with a pod (`endpoint_gone`
 misses: a pod ended while a conversation was bound to it), the most recomputes one conversation had, and the seconds
@@ -47,14 +48,16 @@ import results_io
 
 from duplex_dev import images
 from duplex_dev.cluster import LocalCluster, tools
-from duplex_dev.cluster.node_config import CHART_NODE_SELECTOR
+from duplex_dev.cluster.node_config import CHART_NODE_SELECTOR, node_name
 from duplex_sidecars.router import receipt
 
 SERVING = "local"
 DECODE = f"duplex.dev/serving={SERVING},duplex.dev/role=decode"
+PREFILL = f"duplex.dev/serving={SERVING},duplex.dev/role=prefill"
 ROUTER = f"duplex.dev/serving={SERVING},duplex.dev/role=router"
+ENGINES_NODE, SPARE_NODE = node_name(0), node_name(1)  # every pod starts on the first; the second takes a drain's
 TOOL_OUTPUT = " ".join(f"row{i} value{i * 7 % 97}" for i in range(200))
-VARIANTS = {"drain": None, "no drain": 0}  # spec.decode.drain.deadlineSeconds (None: the default)
+VARIANTS = {"drain": None, "no drain": 0}  # both roles' drain.deadlineSeconds (None: the defaults)
 
 
 def say(message: str) -> None:
@@ -176,7 +179,8 @@ def serving_doc(deadline: int | None) -> dict[str, Any]:
     doc["spec"]["decode"]["replicas"] = 2
     doc["spec"]["prefill"]["enablePrefixCaching"] = False  # every reused token is read back from decode
     if deadline is not None:
-        doc["spec"]["decode"]["drain"] = {"deadlineSeconds": deadline}
+        for role in ("prefill", "decode"):
+            doc["spec"][role]["drain"] = {"deadlineSeconds": deadline}
     return dict(doc)
 
 
@@ -231,6 +235,8 @@ def measure(
 
 def run_variant(cluster: Cluster, variant: str, deadline: int | None, conversations: int, settle: float) -> Any:
     ns = "bench-" + variant.replace(" ", "-")
+    cluster.kubectl("cordon", SPARE_NODE)  # the serving starts on one node, as a drain finds it
+    cluster.kubectl("uncordon", ENGINES_NODE)
     cluster.kubectl("create", "namespace", ns)
     try:
         cluster.kubectl("-n", ns, "apply", "-f", "-", input=yaml.safe_dump(serving_doc(deadline)))
@@ -263,6 +269,28 @@ def run_variant(cluster: Cluster, variant: str, deadline: int | None, conversati
             cluster.kubectl("-n", ns, "delete", "pod", victim, "--wait=false")
             return {victim}
 
+        draining: list[subprocess.Popen[str]] = []
+
+        def router_to_spare_node() -> None:
+            """Before the drain, outside its window: a drained router loses its memory store (a router restart,
+            not this event; run two routers with the Redis store to drain a router's node)."""
+            cluster.kubectl("uncordon", SPARE_NODE)
+            (router,) = cluster.ready(ns, ROUTER)
+            if router["spec"]["nodeName"] == ENGINES_NODE:
+                cluster.kubectl("cordon", ENGINES_NODE)
+                cluster.kubectl("-n", ns, "delete", "pod", router["metadata"]["name"], "--wait=true")
+                wait_for(lambda: cluster.ready(ns, ROUTER), 120, "the router on the spare node")
+                cluster.kubectl("uncordon", ENGINES_NODE)
+                time.sleep(settle)  # the conversations bind again through the new router (its store is new)
+
+        def node_drain() -> set[str]:
+            """`kubectl drain` evicts prefill and both decode pods from the engines' node."""
+            leaving = {p["metadata"]["name"] for p in cluster.pods(ns, DECODE) if p["spec"]["nodeName"] == ENGINES_NODE}
+            argv = [str(cluster.local.kubectl), f"--kubeconfig={cluster.local.kubeconfig}", "drain", ENGINES_NODE]
+            argv += ["--ignore-daemonsets", "--delete-emptydir-data", "--timeout=900s"]
+            draining.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            return leaving
+
         def scale_in() -> set[str]:
             old = {p["metadata"]["name"] for p in cluster.pods(ns, DECODE)}
             patch = {"spec": {"decode": {"replicas": 1}}}
@@ -274,10 +302,20 @@ def run_variant(cluster: Cluster, variant: str, deadline: int | None, conversati
             ("KV-compatible change", roll),
             ("KV-incompatible change", incompatible),
             ("decode pod deleted", delete),
+            ("node drained", node_drain),
             ("scale-in 2 to 1", scale_in),
         ):
             wait_for(lambda: len(cluster.ready(ns, DECODE)) == 2, 300, "two decode pods")
+            if act is node_drain:
+                router_to_spare_node()
             events.append(measure(cluster, ns, load, name, act, settle))
+            for proc in draining:  # the drain is done once the pods it evicted are gone
+                out, _ = proc.communicate(timeout=900)
+                events[-1]["drain_exit"] = proc.returncode
+                cluster.kubectl("uncordon", ENGINES_NODE)
+                if proc.returncode != 0:
+                    say(f"kubectl drain failed: {out[-800:]}")
+            draining.clear()
             say(f"{variant}: {events[-1]}")
         load.stop()
         return events
@@ -308,9 +346,9 @@ def markdown(results: dict[str, Any]) -> str:
         f"# Lifecycle benchmark, {results['date']}",
         "",
         f"`{results['command']}` (duplex {results['commit']}): {results['conversations']} agentic conversations "
-        f"through the router's Service on the local cluster's real node, examples/local.yaml with two decode pods "
+        f"through the router's Service on the local cluster's two real nodes, examples/local.yaml with two decode pods "
         f"(simulated engines, real NIXL over UCX), think time 0.5-2 s, {results['settle_s']:g} s of load after each "
-        "event. `no drain` is the same serving with `spec.decode.drain.deadlineSeconds: 0`.",
+        "event. `no drain` is the same serving with both roles' `drain.deadlineSeconds: 0`.",
         "",
         "| event | variant | requests | failed | follow-ups | reused | recomputed (why) | most in one conversation "
         "| bindings lost | removed pods gone |",
@@ -337,7 +375,9 @@ def markdown(results: dict[str, Any]) -> str:
         "pod (`endpoint_gone`).",
         "A KV-incompatible change (a block size) is rolled as a new KV revision in both variants: its target is one "
         "recompute per conversation going on (`revision_changed`, or `endpoint_gone` once the old pod has ended) and "
-        "no failed request. Not measured here: a node drain (the local cluster has one real node).",
+        "no failed request. `node drained`: `kubectl drain` of the node holding prefill and both decode pods (the "
+        "router runs on the other node); with the drain, the only prefill pod keeps taking turns until its "
+        "replacement is Ready.",
         "",
     ]
     return "\n".join(lines)
@@ -351,9 +391,10 @@ def main(argv: list[str] | None = None) -> int:
     conversations = args.conversations or (3 if args.quick else 6)
     settle = 10.0 if args.quick else 20.0
     image = images.project_image()
-    local = LocalCluster(Path(tempfile.mkdtemp(prefix="duplex-lifecycle-")), bin_dir=tools.locate(None), real_node=True)
+    state_dir = Path(tempfile.mkdtemp(prefix="duplex-lifecycle-"))
+    local = LocalCluster(state_dir, bin_dir=tools.locate(None), real_nodes=2)
     try:
-        say("starting a local cluster with a real node")
+        say("starting a local cluster with two real nodes")
         local.up(timeout=300)
         local.import_image(images.archive(image))
         cluster = Cluster(local)
