@@ -7,7 +7,7 @@ spec.autoscaling.targetSaturation: ceil(demand / target), where demand is the le
 summed over routers (each counts its own legs). Demand does not depend on how many pods measured it, so a report
 taken before a scale-up does not scale again once the pods are there. While the time to first token misses its
 objective, prefill gets one pod more, once per minute measured wholly after its last scale-up (a TTFT from before it
-says nothing of the pods it added). The prefill-per-decode bounds raise the smaller role. Up at once; down only after the
+says nothing of the pods it added) and of at least TTFT_MIN_TURNS turns. The prefill-per-decode bounds raise the smaller role. Up at once; down only after the
 recommendation has stayed below the size for scaleDownSeconds, and then to the highest recommendation of that
 window. The last decision lives in status, so an operator restart carries on where it was.
 """
@@ -26,6 +26,7 @@ from duplex.render import Serving
 
 ROLES = ("prefill", "decode")
 LOAD_MAX_AGE_SECONDS = 90.0  # a router's load older than this says nothing about now (it writes every 15 s)
+TTFT_MIN_TURNS = 20  # a p90 of fewer turns is noise (two turns on a cold serving once added two prefill pods)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def plan(
         age = _age(report.get("at"), at)
         if isinstance(report.get("load"), dict) and age is not None and age <= LOAD_MAX_AGE_SECONDS:
             loads.append(report["load"])
-            if _measured_after(report, prefill_up):
+            if _measured_after(report, prefill_up) and (report["load"].get("turns") or 0) >= TTFT_MIN_TURNS:
                 fresh.append(report["load"])
     ttft = _worst_ttft(loads)
     current = {r: _current(serving, r, live.get(r)) for r in ROLES}

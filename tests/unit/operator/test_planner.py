@@ -31,7 +31,7 @@ def live(prefill: int, decode: int) -> dict[str, Any]:
 def report(at: str = T1, ttft: float | None = None, **demand: float) -> tuple[str, dict[str, Any]]:
     """A router's load: each role's demand (legs in flight in engines' worth; saturation beside it for status)."""
     load = {role: {"demand": value, "saturation": value / 2, "peak": value} for role, value in demand.items()}
-    return ("router-0", {"at": at, "load": {**load, "seconds": 60, "turns": 10, "ttft_p90": ttft}})
+    return ("router-0", {"at": at, "load": {**load, "seconds": 60, "turns": 40, "ttft_p90": ttft}})
 
 
 def test_no_automatic_role_no_plan() -> None:
@@ -71,6 +71,9 @@ def test_bounds_unknown_demand_and_stale_reports() -> None:
 def test_prefill_grows_while_ttft_misses_its_objective() -> None:
     slow = serving({"autoscaling": {"ttftP90Seconds": 2.0}})
     assert plan(slow, live(2, 2), [report(ttft=3.5, prefill=0.4, decode=1.5)], None, T1).replicas["prefill"] == 3
+    few = report(ttft=3.5, prefill=0.4, decode=1.5)
+    few[1]["load"]["turns"] = 2  # a p90 of two turns says nothing
+    assert plan(slow, live(2, 2), [few], None, T1).replicas["prefill"] == 2
     met = plan(slow, live(2, 2), [report(ttft=1.5, prefill=0.4, decode=1.5)], None, T1)
     assert met.status.prefill.recommended == 1 and met.status.prefill.reason == "Waiting"  # down only later
 
