@@ -57,6 +57,7 @@ PREFILL = f"duplex.dev/serving={SERVING},duplex.dev/role=prefill"
 ROUTER = f"duplex.dev/serving={SERVING},duplex.dev/role=router"
 ENGINES_NODE, SPARE_NODE = node_name(0), node_name(1)  # every pod starts on the first; the second takes a drain's
 TOOL_OUTPUT = " ".join(f"row{i} value{i * 7 % 97}" for i in range(200))
+SLOW_TURN_SECONDS = 10.0  # a turn this long is kept in the results with its timing, as a failed one is
 VARIANTS = {"drain": None, "no drain": 0}  # both roles' drain.deadlineSeconds (None: the defaults)
 
 
@@ -230,6 +231,16 @@ def measure(
         "errors": sorted({t.error for t in turns if not t.ok})[:5],
         **tally(turns),
         "removed_pods_gone_s": gone_after,
+        "slow_or_failed": [  # when each began after the event, how long it took, what it was told
+            {
+                "at_s": round(t.started - started, 1),
+                "took_s": round(t.ended - t.started, 1),
+                "kv": t.kv,
+                "error": t.error,
+            }
+            for t in turns
+            if not t.ok or t.ended - t.started > SLOW_TURN_SECONDS
+        ][:50],
     }
 
 
