@@ -19,7 +19,6 @@ import datetime as dt
 import json
 import os
 import random
-import re
 import shlex
 import subprocess
 import sys
@@ -49,6 +48,7 @@ from duplex_dev.cluster import LocalCluster, rest, tools
 from duplex_dev.cluster.node_config import CHART_NODE_SELECTOR
 from duplex_dev.launch.metrics_server import MetricsServer
 from duplex_dev.processes import LaunchError
+from duplex_sidecars.router import receipt
 
 ROLES = ("prefill", "decode")
 PARTS = "app.kubernetes.io/part-of=duplex"
@@ -202,13 +202,10 @@ class StepLoad:
         return turn, "".join(parts) if turn.ok else None
 
 
-_PREFILL = re.compile(r"prefill;dur=([0-9.]+)")
-_KV = re.compile(r'kv;desc="([^"]*)"')
-
-
 def _receipt(header: str) -> tuple[float | None, str]:
-    prefill, kv = _PREFILL.search(header), _KV.search(header)
-    return (float(prefill.group(1)) if prefill else None), (kv.group(1) if kv else "")
+    """The prefill leg in milliseconds and the reuse verdict, from the answer's receipt (router/receipt.py)."""
+    said = receipt.parse(header)
+    return (said.prefill * 1000 if said.prefill is not None else None), said.kv
 
 
 # --- what the cluster does ----------------------------------------------------------------------------------------
