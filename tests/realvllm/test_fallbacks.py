@@ -106,7 +106,7 @@ def test_too_few_reusable_tokens_are_recomputed_by_prefill(engines, router):
 
 
 @pytest.mark.leaves_prefill_stuck(order=2)
-@pytest.mark.timeout(DECODE_TTL + 2 * STUCK_TURN_SECONDS + 300)
+@pytest.mark.timeout(DECODE_TTL + STUCK_TURN_SECONDS + 300)
 def test_blocks_expired_on_the_engine_are_declined_and_recomputed(engines, stale_router):
     """decode keeps blocks rig.DECODE_TTL seconds while this router believes they live far longer (conftest.STALE_TTL):
     past the engine's TTL the router replays, prefill sees from remote_blocks_expiry_time that the blocks are
@@ -125,23 +125,9 @@ def test_blocks_expired_on_the_engine_are_declined_and_recomputed(engines, stale
         assert delta.declined == 1, "prefill did not decline the expired read"
     assert delta.misses.get("prefill_retry") == 1  # the replay was abandoned, the owed recompute answered
     assert delta.hits == 0
-    # The router goes on serving this conversation. The next turn is sent right away:
-    # decode keeps these blocks only DECODE_TTL seconds too, so the answers are compared afterwards.
-    follow_up = messages + [{"role": "assistant", "content": result.text}, {"role": "user", "content": "Then finish."}]
-    before = Counters.read(engines.prefill, stale_router)
-    again = chat(stale_router.url, follow_up, conv)
-    delta = Counters.read(engines.prefill, stale_router) - before
-    # Either prefill reads the fresh blocks, or the router abandons this replay too and falls back: never both, never
-    # none. The declined read above stays stuck in prefill's worker (vLLM 0.32), which slows what follows: in CI this
-    # replay's read took 32 s and its leg outran the replay budget; in runs before the first handshakes moved to
-    # start-up, prefill declined it as expired (it judges expiry through a clock offset measured at the handshake).
-    print(f"turn after that: {delta}")
-    if delta.hits == 1:
-        assert delta.declined == 0 and delta.external == delta.reused > 0
-    else:
-        assert delta.misses == {"prefill_retry": 1} and delta.external == 0
     assert_same_answer(result, chat(engines.prefill.url, messages))
-    assert_same_answer(again, chat(engines.prefill.url, follow_up))
+    # No turn follows here: the declined read stays waiting in prefill's worker (vLLM 0.32), and the next read behind
+    # it waited 240 s in one CI run. The turn after an abandoned replay is test_decode_restart's last step.
 
 
 def test_streamed_turn_leaves_nothing_to_replay_behind_vllm_0_32(engines, router):

@@ -136,11 +136,11 @@ async def _serve(deps: Deps, ctx: Context) -> Context:
     ctx.miss_reason = None if ctx.decision.hit else ctx.decision.reason or "no_entry"
     tried: set[str] = set()
     attempt = 0
+    engine: Engine | None = None  # a retry's decode, picked before its prefill
     while True:
         prefill_params = await prefill(deps, ctx, attempt)  # 2.
         # 3. decode, on the engine holding the conversation on the first try
-        sticky = ctx.decision.sticky_decode if attempt == 0 else None
-        engine = deps.pickers[DECODE].pick(deps.engines.decode, Hints(frozenset(tried), sticky, revision=ctx.revision))
+        engine = engine or pick_decode(deps, ctx, tried, ctx.decision.sticky_decode)
         if engine is None:
             raise BackendUnavailable("No decode engines are available.")
         tried.add(engine.url)
@@ -152,8 +152,16 @@ async def _serve(deps: Deps, ctx: Context) -> Context:
             ctx.failures.append(decode_failed(deps, turn, engine, failure))
             if not attempts.may_retry_decode(attempt, failure.kind, exchange.started, deps.config.decode_retries):
                 raise leg_error(DECODE, ctx.failures) from None
+            # A retry costs a fresh prefill: not worth it when the only decode left is one that refused this request.
+            engine = pick_decode(deps, ctx, tried)
+            if engine is None or (engine.url in tried and engine.healthy is False):
+                raise leg_error(DECODE, ctx.failures) from None
             deps.metrics.retries.labels(DECODE).inc()
             attempt += 1
+
+
+def pick_decode(deps: Deps, ctx: Context, tried: set[str], sticky: str | None = None) -> Engine | None:
+    return deps.pickers[DECODE].pick(deps.engines.decode, Hints(frozenset(tried), sticky, revision=ctx.revision))
 
 
 # ---- 1. lookup ------------------------------------------------------------------------------------------------------

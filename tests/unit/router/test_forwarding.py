@@ -402,6 +402,15 @@ async def test_decode_failure_before_first_byte_reruns_prefill_and_decode(make_r
     assert rig.metric("duplex_router_retries_total", leg="decode") == 1
 
 
+async def test_a_refusing_decode_with_no_other_left_fails_at_once_without_a_second_prefill(make_rig):
+    rig = await make_rig()
+    await rig.d.close()
+    status, out, _ = await rig.chat([USER])
+    assert status in (502, 503) and set(out["error"]) >= {"message", "type"}
+    assert len(rig.p.seen) == 1  # no retry's fresh prefill for an engine that just refused the connection
+    assert rig.metric("duplex_router_retries_total", leg="decode") == 0
+
+
 async def test_decode_dropping_before_first_byte_is_retried(make_rig):
     rig = await make_rig(n_decode=2)
     shared = ["drop", None, "drop", None]  # the first decode attempt of each request is dropped
