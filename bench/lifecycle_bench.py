@@ -224,6 +224,8 @@ def measure(
         time.sleep(0.5)
     time.sleep(settle)  # load keeps running: the turns after the event are part of its window
     turns = load.log[mark:]
+    if any(not t.ok or t.ended - t.started > SLOW_TURN_SECONDS for t in turns):
+        router_warnings(cluster, ns, time.monotonic() - started)
     return {
         "event": name,
         "requests": len(turns),
@@ -242,6 +244,19 @@ def measure(
             if not t.ok or t.ended - t.started > SLOW_TURN_SECONDS
         ][:50],
     }
+
+
+def router_warnings(cluster: Cluster, ns: str, seconds: float) -> None:
+    """What the routers logged over an event with a slow or failed turn: which leg, on which engine, failed how."""
+    for pod in cluster.pods(ns, ROUTER):
+        name = pod["metadata"]["name"]
+        try:
+            out = cluster.kubectl("-n", ns, "logs", name, f"--since={int(seconds) + 5}s")
+        except RuntimeError as err:
+            say(f"router {name}: no logs ({err})")
+            continue
+        lines = [line for line in out.splitlines() if " WARNING " in line or " ERROR " in line]
+        say(f"router {name}: {len(lines)} warnings in the event's window" + "".join(f"\n  {x}" for x in lines[-40:]))
 
 
 def run_variant(cluster: Cluster, variant: str, deadline: int | None, conversations: int, settle: float) -> Any:
