@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Builds the local cluster's binaries from the Go module proxy into version-keyed caches: the control plane, the real
 # node (kubelet, kube-proxy, containerd, its pause image), the checkers of the chart (promtool, glua), the trace
-# backend of the traces tests (Jaeger) and, only when asked, metrics-server for the autoscaling benchmark.
+# backend of the traces tests (Jaeger), the LeaderWorkerSet controller of the integration tier and, only when asked,
+# metrics-server for the autoscaling benchmark.
 # Idempotent: a component whose binary is already cached is skipped. Never writes into the repo.
 # DUPLEX_TOOLS=run builds what `make run` needs (no checkers); DUPLEX_TOOLS=checks only the checkers;
-# DUPLEX_TOOLS=traces only Jaeger; DUPLEX_TOOLS=metrics only metrics-server (`make bench-autoscale`); default: all
-# (without metrics-server).
+# DUPLEX_TOOLS=traces only Jaeger; DUPLEX_TOOLS=metrics only metrics-server (`make bench-autoscale`);
+# DUPLEX_TOOLS=lws only the LeaderWorkerSet controller; default: all (without metrics-server).
 set -euo pipefail
 
 HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -192,6 +193,35 @@ build_metrics_server() {
     "sigs.k8s.io/metrics-server/cmd/metrics-server@v$METRICS_SERVER_VERSION"
 }
 
+# The LeaderWorkerSet controller (cmd/ of sigs.k8s.io/lws), with the CRDs it watches and its webhook configurations
+# copied out of the module's source: duplex_dev.launch.lws installs them and runs the controller on the host, its
+# webhooks on loopback. In a throwaway module, as `go install pkg@version` also reads the module's version list, which
+# the proxy refuses (403) for lws.
+build_lws() {
+  local dir="$CACHE/lws-$LWS_VERSION"
+  if [ -x "$dir/lws" ] && [ -s "$dir/crds.yaml" ] && [ -s "$dir/webhooks.yaml" ]; then
+    say "lws v$LWS_VERSION: cached"; return
+  fi
+  say "lws v$LWS_VERSION (controller and CRDs): building (cold: about 4 min on 2 cores)"
+  local w src f
+  w=$(mktemp -d)
+  (
+    cd "$w"
+    printf 'module local/duplexlws\n' > go.mod
+    go mod edit -require="sigs.k8s.io/lws@v$LWS_VERSION"
+    src=$(go mod download -json sigs.k8s.io/lws | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+    go mod edit -go="$(sed -n 's/^go //p' "$src/go.mod")"
+    mkdir -p "$dir"
+    go build -trimpath -ldflags "-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=v$LWS_VERSION" \
+      -o "$dir/lws.tmp" sigs.k8s.io/lws/cmd
+    for f in "$src"/config/crd/bases/*.yaml; do cat "$f"; printf '\n---\n'; done > "$dir/crds.yaml.tmp"
+    install -m 0644 "$src/config/webhook/manifests.yaml" "$dir/webhooks.yaml"
+    mv "$dir/lws.tmp" "$dir/lws"
+    mv "$dir/crds.yaml.tmp" "$dir/crds.yaml"
+  )
+  rm -rf "$w"
+}
+
 # The InferencePool CRD of the Gateway API Inference Extension, as its release ships it: nothing to build, a file
 # out of the module's source (the integration tier applies it; the repo never holds it).
 fetch_gie_crd() {
@@ -212,12 +242,14 @@ fetch_gie_crd() {
 jobs=()
 start_job() { ( "$@" ) & jobs+=("$!:$1"); }
 case $TOOLS in
-  all) start_job build_glua; start_job build_promtool; start_job fetch_gie_crd; start_job build_jaeger ;;
+  all) start_job build_glua; start_job build_promtool; start_job fetch_gie_crd; start_job build_jaeger
+       start_job build_lws ;;
   checks) build_glua; build_promtool; say "checkers ready"; exit 0 ;;
   traces) build_jaeger; say "jaeger ready in $CACHE/jaeger-$JAEGER_VERSION"; exit 0 ;;
   metrics) build_metrics_server; say "metrics-server ready in $CACHE/metrics-server-$METRICS_SERVER_VERSION"; exit 0 ;;
+  lws) build_lws; say "lws ready in $CACHE/lws-$LWS_VERSION"; exit 0 ;;
   run) ;;
-  *) say "DUPLEX_TOOLS=$TOOLS: expected all, run, checks, traces or metrics"; exit 2 ;;
+  *) say "DUPLEX_TOOLS=$TOOLS: expected all, run, checks, traces, metrics or lws"; exit 2 ;;
 esac
 start_job build_k8s
 start_job build_etcd

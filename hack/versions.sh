@@ -33,6 +33,9 @@
 # metrics-server as a host process (duplex_dev.launch.metrics_server). 0.9.1 needs Go 1.26.10; 0.9.0 builds with 1.26.8.
 : "${METRICS_SERVER_VERSION:=0.9.0}"
 
+# The LeaderWorkerSet controller and CRDs (hack/build-tools.sh, DUPLEX_TOOLS=lws); the proxy refuses 0.10.0's zip.
+: "${LWS_VERSION:=0.9.0}"
+
 # The project's virtualenv: NIXL's DRAM/UCX transport for the simulator.
 : "${NIXL_VERSION:=1.5.1}"
 
