@@ -191,8 +191,10 @@ class Canary:
         revision = engines.target_revision()  # during a rollout: the pairs of the revision turns go to
 
         def healthy(role: str) -> tuple[str, ...]:
-            pool = engines.pool(role).engines.values()
-            return tuple(sorted(e.url for e in pool if e.healthy and revision in (None, e.revision)))
+            # A draining engine only while no other serves: a draining decode binds nothing then (pipeline.record),
+            # so a canary on it would fail for a decode that is fine.
+            pool = [e for e in engines.pool(role).engines.values() if e.healthy and revision in (None, e.revision)]
+            return tuple(sorted(e.url for e in [e for e in pool if not e.draining] or pool))
 
         return healthy(PREFILL), healthy(DECODE)
 

@@ -231,3 +231,17 @@ def test_the_canary_pairs_only_engines_of_the_revision_turns_go_to():
     assert Canary(CanaryConfig(), lambda: SimpleNamespace(engines=legacy), lambda: None)._healthy()[0] == (  # type: ignore[arg-type,return-value]
         "http://p2",
     )
+
+
+def test_the_canary_leaves_out_a_draining_engine_while_another_serves():
+    from types import SimpleNamespace
+
+    from duplex_sidecars.router.canary import Canary
+    from duplex_sidecars.router.config import CanaryConfig
+
+    pool = engines({"http://p": A}, {"http://d1": A, "http://d2": A})
+    pool.decode.engines["http://d1"].draining = True  # a node drain: it binds nothing while d2 serves
+    canary = Canary(CanaryConfig(), lambda: SimpleNamespace(engines=pool), lambda: None)  # type: ignore[arg-type,return-value]
+    assert canary._healthy() == (("http://p",), ("http://d2",))
+    pool.decode.engines["http://d2"].draining = True  # the last ones bind again: the canary checks them
+    assert canary._healthy() == (("http://p",), ("http://d1", "http://d2"))
