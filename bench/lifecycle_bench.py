@@ -259,6 +259,26 @@ def router_warnings(cluster: Cluster, ns: str, seconds: float) -> None:
         say(f"router {name}: {len(lines)} warnings in the event's window" + "".join(f"\n  {x}" for x in lines[-40:]))
 
 
+def router_to_spare_node(cluster: Cluster, ns: str) -> None:
+    """Before the load starts: the router runs on the spare node, so that the node drain never takes it (a drained
+    router loses its memory store, a router restart and not this event; run two routers with the Redis store to drain
+    a router's node). Not under load: a client connecting in the instant the only router pod's address goes can wait
+    on that dead address until its own timeout (seen: 2 of 6 conversations stuck 120 s), which a window would count."""
+    (router,) = cluster.ready(ns, ROUTER)
+    if router["spec"]["nodeName"] == SPARE_NODE:
+        return
+    cluster.kubectl("uncordon", SPARE_NODE)
+    cluster.kubectl("cordon", ENGINES_NODE)
+    cluster.kubectl("-n", ns, "delete", "pod", router["metadata"]["name"], "--wait=true")
+    wait_for(
+        lambda: [p for p in cluster.ready(ns, ROUTER) if p["spec"]["nodeName"] == SPARE_NODE],
+        120,
+        "the router on the spare node",
+    )
+    cluster.kubectl("uncordon", ENGINES_NODE)
+    cluster.kubectl("cordon", SPARE_NODE)  # every event's new pods land on the engines' node, as a drain finds them
+
+
 def run_variant(cluster: Cluster, variant: str, deadline: int | None, conversations: int, settle: float) -> Any:
     ns = "bench-" + variant.replace(" ", "-")
     cluster.kubectl("cordon", SPARE_NODE)  # the serving starts on one node, as a drain finds it
@@ -267,6 +287,7 @@ def run_variant(cluster: Cluster, variant: str, deadline: int | None, conversati
     try:
         cluster.kubectl("-n", ns, "apply", "-f", "-", input=yaml.safe_dump(serving_doc(deadline)))
         wait_for(lambda: len(cluster.ready(ns, DECODE)) == 2 and cluster.ready(ns, ROUTER), 300, "serving ready")
+        router_to_spare_node(cluster, ns)
         wait_for(lambda: _ready_condition(cluster, ns), 300, "Ready condition")
         svc = cluster.json("-n", ns, "get", "svc", f"{SERVING}-router")
         url = f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}/v1/chat/completions"
@@ -297,18 +318,6 @@ def run_variant(cluster: Cluster, variant: str, deadline: int | None, conversati
 
         draining: list[subprocess.Popen[str]] = []
 
-        def router_to_spare_node() -> None:
-            """Before the drain, outside its window: a drained router loses its memory store (a router restart,
-            not this event; run two routers with the Redis store to drain a router's node)."""
-            cluster.kubectl("uncordon", SPARE_NODE)
-            (router,) = cluster.ready(ns, ROUTER)
-            if router["spec"]["nodeName"] == ENGINES_NODE:
-                cluster.kubectl("cordon", ENGINES_NODE)
-                cluster.kubectl("-n", ns, "delete", "pod", router["metadata"]["name"], "--wait=true")
-                wait_for(lambda: cluster.ready(ns, ROUTER), 120, "the router on the spare node")
-                cluster.kubectl("uncordon", ENGINES_NODE)
-                time.sleep(settle)  # the conversations bind again through the new router (its store is new)
-
         def node_drain() -> set[str]:
             """`kubectl drain` evicts prefill and both decode pods from the engines' node."""
             leaving = {p["metadata"]["name"] for p in cluster.pods(ns, DECODE) if p["spec"]["nodeName"] == ENGINES_NODE}
@@ -333,7 +342,7 @@ def run_variant(cluster: Cluster, variant: str, deadline: int | None, conversati
         ):
             wait_for(lambda: len(cluster.ready(ns, DECODE)) == 2, 300, "two decode pods")
             if act is node_drain:
-                router_to_spare_node()
+                cluster.kubectl("uncordon", SPARE_NODE)  # where the drained pods go
             events.append(measure(cluster, ns, load, name, act, settle))
             for proc in draining:  # the drain is done once the pods it evicted are gone
                 out, _ = proc.communicate(timeout=900)
