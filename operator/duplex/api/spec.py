@@ -151,7 +151,8 @@ class Accelerator(Model):
         None,
         ge=1,
         le=64,
-        description="Devices per pod; defaults to tensorParallelSize (GPU) or TP/2 rounded up (Neuron). Not with cpu.",
+        description="Devices per pod; defaults to tensorParallelSize (GPU; tensorParallelSize x pipelineParallelSize "
+        "/ nodesPerInstance when those are set) or TP/2 rounded up (Neuron). Not with cpu.",
     )
     kv_cache_gib: int | None = Field(
         None,
@@ -286,6 +287,28 @@ class RoleSpec(Model):
         return self.scaling.bound(self.replicas) if self.scaling.mode == "Automatic" else self.replicas
 
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="vLLM --tensor-parallel-size.")
+    pipeline_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="vLLM --pipeline-parallel-size. Across nodes, vLLM's documented shape is tensorParallelSize the "
+        "devices of one node and pipelineParallelSize the nodes (tensorParallelSize across nodes works too).",
+    )
+    nodes_per_instance: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="Nodes one engine instance spans. Above 1 the role is a LeaderWorkerSet "
+        "(leaderworkerset.x-k8s.io/v1; its CRD must be installed) of `replicas` groups, one pod per node; the "
+        "leader serves HTTP and the NIXL handshake of every rank, and only leaders are behind the role's Service. "
+        "accelerator.count x nodesPerInstance must equal tensorParallelSize x pipelineParallelSize.",
+    )
+    instance_topology_key: Annotated[str, Field(min_length=1, max_length=317)] | None = Field(
+        None,
+        description="nodesPerInstance above 1: a node label whose value all nodes of an instance share, e.g. "
+        "topology.k8s.aws/network-node-layer-3 (one EFA spine). LWS's exclusive-topology: each instance gets a "
+        "domain of its own (no two instances in one domain).",
+    )
     accelerator: Accelerator = Field(default_factory=Accelerator, description="Accelerator resource per pod.")
     cpu: Quantity | None = Field(None, description="CPU request and limit per pod.")
     memory: Quantity | None = Field(None, description="Memory request and limit per pod.")
@@ -325,6 +348,47 @@ def _automatic_rules(role: str) -> tuple[Rule, ...]:
     )
 
 
+def _devices_match_ranks(r: RoleSpec) -> bool:
+    ranks = r.tensor_parallel_size * r.pipeline_parallel_size
+    if r.accelerator.type != GPU or (r.nodes_per_instance == 1 and r.pipeline_parallel_size == 1):
+        return True
+    if r.accelerator.count is not None:
+        return r.accelerator.count * r.nodes_per_instance == ranks
+    return ranks % r.nodes_per_instance == 0
+
+
+def _multinode_rules(role: str) -> tuple[Rule, ...]:
+    return (
+        Rule(
+            cel="self.nodesPerInstance == 1 || self.accelerator.type == 'nvidia.com/gpu'",
+            message=f"{role}.nodesPerInstance above 1 needs accelerator.type nvidia.com/gpu: vLLM's multi-node "
+            "launch spans GPU nodes",
+            holds=lambda r: r.nodes_per_instance == 1 or r.accelerator.type == GPU,
+        ),
+        Rule(
+            cel="self.accelerator.type != 'nvidia.com/gpu' || "
+            "(self.nodesPerInstance == 1 && self.pipelineParallelSize == 1) || "
+            "(has(self.accelerator.count) ? "
+            "self.accelerator.count * self.nodesPerInstance == self.tensorParallelSize * self.pipelineParallelSize : "
+            "self.tensorParallelSize * self.pipelineParallelSize % self.nodesPerInstance == 0)",
+            message=f"{role}: accelerator.count x nodesPerInstance must equal tensorParallelSize x "
+            "pipelineParallelSize (one device per rank, the same number on every node)",
+            holds=_devices_match_ranks,
+        ),
+        Rule(
+            cel="self.nodesPerInstance == 1 || self.scaling.mode == 'Fixed'",
+            message=f"{role}.nodesPerInstance above 1 needs scaling.mode Fixed: the planner and the replicas "
+            "hand-over know Deployments only",
+            holds=lambda r: r.nodes_per_instance == 1 or r.scaling.mode == "Fixed",
+        ),
+        Rule(
+            cel="!has(self.instanceTopologyKey) || self.nodesPerInstance > 1",
+            message=f"{role}.instanceTopologyKey is for nodesPerInstance above 1",
+            holds=lambda r: r.instance_topology_key is None or r.nodes_per_instance > 1,
+        ),
+    )
+
+
 class PrefillDrainSpec(Model):
     """What happens when the last prefill pod new turns can use goes away (a node drain or an eviction of a single
     prefill): it keeps taking turns until a replacement serves, so that no request finds no prefill."""
@@ -341,7 +405,7 @@ class PrefillDrainSpec(Model):
 
 
 class PrefillSpec(RoleSpec):
-    RULES = owned_arg_rules(role="prefill") + paired_rules() + _automatic_rules("prefill")
+    RULES = owned_arg_rules(role="prefill") + paired_rules() + _automatic_rules("prefill") + _multinode_rules("prefill")
 
     drain: PrefillDrainSpec = Field(
         default_factory=PrefillDrainSpec, description="A terminating prefill pod that is the last one serving."
@@ -375,7 +439,7 @@ class DrainSpec(Model):
 
 
 class DecodeSpec(RoleSpec):
-    RULES = owned_arg_rules(role="decode") + paired_rules() + _automatic_rules("decode")
+    RULES = owned_arg_rules(role="decode") + paired_rules() + _automatic_rules("decode") + _multinode_rules("decode")
 
     drain: DrainSpec = Field(
         default_factory=DrainSpec, description="Conversation-aware draining of decode pods that are going away."
@@ -869,6 +933,15 @@ class DisaggregatedServingSpec(Model):
             message="router.conversation.ttl must be strictly below kvTransfer.decodeBlocksTTL, "
             "or the router would replay blocks decode has already freed",
             holds=_router_ttl_ok,
+        ),
+        Rule(
+            cel="(self.prefill.nodesPerInstance == 1 && self.decode.nodesPerInstance == 1) || self.network.efa.enabled",
+            message="nodesPerInstance above 1 needs network.efa.enabled: the ranks of an instance exchange "
+            "activations over the fabric, and every rank reads and serves KV over it",
+            holds=lambda s: (
+                (s.prefill.nodes_per_instance == 1 and s.decode.nodes_per_instance == 1) or s.network.efa.enabled
+            ),
+            field_path=".network",
         ),
     )
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 from duplex.api.spec import DisaggregatedServingSpec, RoleSpec
-from duplex.children import efa, engine_guard, engine_key, inference_pool, lifecycle, preflight, tracing
+from duplex.children import efa, engine_guard, engine_key, inference_pool, lifecycle, lws, preflight, tracing
 from duplex.children.kinds import DEPLOYMENT
 from duplex.children.kv_config import kv_transfer_json
 from duplex.children.labels import ENGINE_HASH_ANNOTATION, HTTP_PORT, child_name, labels, selector
+from duplex.children.labels import config_hash as config_hash  # re-exported: revision.py hashes templates too
 from duplex.children.roles import EngineRole
 
 ROLES = ("prefill", "decode")
@@ -33,6 +32,8 @@ def vllm_args(spec: DisaggregatedServingSpec, role: EngineRole) -> list[str]:
         "--gpu-memory-utilization", f"{role.spec.gpu_memory_utilization:g}",
         "--enable-prefix-caching" if role.spec.enable_prefix_caching else "--no-enable-prefix-caching",
     ]  # fmt: skip
+    if role.spec.pipeline_parallel_size > 1:
+        args += ["--pipeline-parallel-size", str(role.spec.pipeline_parallel_size)]
     if model.max_model_len is not None:
         args += ["--max-model-len", str(model.max_model_len)]
     if role.spec.max_num_seqs is not None:
@@ -119,21 +120,11 @@ def engine_container(
     }
 
 
-def config_hash(pod_spec: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(pod_spec, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def engine_deployment(
-    spec: DisaggregatedServingSpec,
-    serving: str,
-    namespace: str,
-    role_name: str,
-    key_uid: str | None = None,
-    planned: int | None = None,
+def engine_pod_template(
+    spec: DisaggregatedServingSpec, serving: str, namespace: str, role: EngineRole, key_uid: str | None = None
 ) -> dict[str, Any]:
-    """The Deployment of the role named `role_name` (prefill or decode); `planned`: its replicas as the planner set
-    them (scaling.mode Automatic)."""
-    role = EngineRole.of(spec, role_name)
+    """The pod template of one engine instance on one node: what a Deployment runs, and what a LeaderWorkerSet's
+    leader and workers start from (lws.py)."""
     volumes, _ = _volumes(spec, serving)
     engine = engine_container(spec, role, serving, namespace)
     pod_spec: dict[str, Any] = {
@@ -158,18 +149,41 @@ def engine_deployment(
         pod_spec["topologySpreadConstraints"] = list(role.spec.topology_spread_constraints)
     if role.spec.priority_class_name:
         pod_spec["priorityClassName"] = role.spec.priority_class_name
-    meta_labels = labels(serving, role.name)
     # No version label on pods: upgrading the operator alone must not roll GPU engines. llm-d's role label only
     # with router.inferencePool.enabled, for the same reason.
-    pod_labels = {k: v for k, v in meta_labels.items() if k != "app.kubernetes.io/version"}
+    pod_labels = {k: v for k, v in labels(serving, role.name).items() if k != "app.kubernetes.io/version"}
     pod_labels |= inference_pool.engine_pod_labels(spec, role.name)
+    return {
+        "metadata": {
+            "labels": pod_labels,
+            "annotations": {ENGINE_HASH_ANNOTATION: config_hash(pod_spec), **engine_key.template_annotations(key_uid)},
+        },
+        "spec": pod_spec,
+    }
+
+
+def engine_deployment(
+    spec: DisaggregatedServingSpec,
+    serving: str,
+    namespace: str,
+    role_name: str,
+    key_uid: str | None = None,
+    planned: int | None = None,
+) -> dict[str, Any]:
+    """The workload of the role named `role_name` (prefill or decode): its Deployment, or its LeaderWorkerSet when an
+    instance spans nodes (lws.py). `planned`: its replicas as the planner set them (scaling.mode Automatic)."""
+    role = EngineRole.of(spec, role_name)
+    template = engine_pod_template(spec, serving, namespace, role, key_uid)
+    meta = {"name": child_name(serving, role.name), "namespace": namespace, "labels": labels(serving, role.name)}
+    if role.spec.nodes_per_instance > 1:
+        return lws.leader_worker_set(spec, role, meta, template)
     # scaling.mode External: another controller writes replicas (the operator hands them over, duplex.replicas).
     mode = role.spec.scaling.mode
     replicas = {} if mode == "External" else {"replicas": role.spec.replicas}
     if mode == "Automatic":
         replicas = {"replicas": planned if planned is not None else role.spec.starting_replicas()}
     return DEPLOYMENT.manifest(
-        {"name": child_name(serving, role.name), "namespace": namespace, "labels": meta_labels},
+        meta,
         spec={
             **replicas,
             "selector": {"matchLabels": selector(serving, role.name)},
@@ -181,21 +195,12 @@ def engine_deployment(
                     "maxUnavailable": role.spec.rollout.max_unavailable,
                 },
             },
-            "template": {
-                "metadata": {
-                    "labels": pod_labels,
-                    "annotations": {
-                        ENGINE_HASH_ANNOTATION: config_hash(pod_spec),
-                        **engine_key.template_annotations(key_uid),
-                    },
-                },
-                "spec": pod_spec,
-            },
+            "template": template,
         },
     )
 
 
 def engine_config_hash(spec: DisaggregatedServingSpec, serving: str, namespace: str) -> str:
     """One hash over both roles' pod templates: it changes exactly when engine pods must roll."""
-    parts = [engine_deployment(spec, serving, namespace, r)["spec"]["template"]["spec"] for r in ROLES]
+    parts = [engine_pod_template(spec, serving, namespace, EngineRole.of(spec, r))["spec"] for r in ROLES]
     return config_hash({"roles": parts})

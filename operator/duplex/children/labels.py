@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from typing import Any
+
 from duplex import __version__
 
 MANAGED_BY = "duplex"
@@ -13,6 +17,11 @@ ENGINE_HASH_ANNOTATION = "duplex.dev/engine-config-hash"
 KV_REVISION_LABEL = "duplex.dev/kv-revision"
 HTTP_PORT = 8000
 ADMIN_PORT = 9090  # the router's /metrics and /ready detail: not in its Service, fenced to metrics namespaces
+
+
+def config_hash(pod_spec: dict[str, Any]) -> str:
+    """The ENGINE_HASH_ANNOTATION of a pod spec."""
+    return hashlib.sha256(json.dumps(pod_spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def child_name(serving: str, suffix: str) -> str:

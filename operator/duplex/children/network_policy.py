@@ -4,7 +4,8 @@
   `network.networkPolicy.metricsNamespaces` (vLLM serves /metrics on the same port; every path but /health and
   /metrics needs the engine key: vLLM guards /v1, the engine guard (engine_guard.py) the rest); the NIXL side channel and transport only from the other role's pods of this serving (prefill reads decode's
   blocks back, decode reads prefill's). UCX's TCP transport listens on ports it picks at run time, so the transport
-  rule opens every port but HTTP to the peer role, and only to it.
+  rule opens every port but HTTP to the peer role, and only to it. A role whose instances span nodes also lets its
+  own pods reach each other's unprivileged ports (the ranks of an instance rendezvous and talk over TCP).
 * Router: its API port open to everyone (it is the API edge); its admin port (/metrics, /ready's detail: the
   topology) only from the pods of `metricsNamespaces`, and from this serving's decode pods, whose preStop hook asks
   it what they still hold (/drain, with the engine key).
@@ -21,6 +22,7 @@ from typing import Any
 from duplex.api.spec import DisaggregatedServingSpec
 from duplex.children.kinds import NETWORK_POLICY
 from duplex.children.labels import ADMIN_PORT, HTTP_PORT, child_name, labels, selector
+from duplex.children.roles import EngineRole
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
 PEER = {"prefill": "decode", "decode": "prefill"}
@@ -58,6 +60,14 @@ def engine_policy(spec: DisaggregatedServingSpec, serving: str, namespace: str, 
     ingress.append(
         {"from": [{"podSelector": {"matchLabels": selector(serving, PEER[role])}}], "ports": transport_ports(spec)}
     )
+    if EngineRole.of(spec, role).spec.nodes_per_instance > 1:
+        # The ranks of an instance: torch.distributed's rendezvous at the leader, NCCL's bootstrap, vLLM's queues.
+        ingress.append(
+            {
+                "from": [{"podSelector": {"matchLabels": selector(serving, role)}}],
+                "ports": [_tcp(_LOWEST_UNPRIVILEGED, _HIGHEST_PORT)],
+            }
+        )
     return NETWORK_POLICY.manifest(
         {"name": child_name(serving, role), "namespace": namespace, "labels": labels(serving, role)},
         spec={"podSelector": {"matchLabels": selector(serving, role)}, "policyTypes": ["Ingress"], "ingress": ingress},

@@ -9,14 +9,19 @@ from duplex.api.spec import DisaggregatedServingSpec
 from duplex.children.kinds import SERVICE
 from duplex.children.labels import ADMIN_PORT, HTTP_PORT, child_name, labels, selector
 from duplex.children.lifecycle import drain_service_name
+from duplex.children.lws import LEADER_SELECTOR
+from duplex.children.roles import EngineRole
 
 
 def engine_service(spec: DisaggregatedServingSpec, serving: str, namespace: str, role: str) -> dict[str, Any]:
+    """A role whose instances span nodes selects its leaders only: the routers pair instances through them, and a
+    leader serves the NIXL handshake of all its ranks (vllm #26338)."""
+    multinode = EngineRole.of(spec, role).spec.nodes_per_instance > 1
     return SERVICE.manifest(
         {"name": child_name(serving, role), "namespace": namespace, "labels": labels(serving, role)},
         spec={
             "clusterIP": "None",
-            "selector": selector(serving, role),
+            "selector": selector(serving, role) | (LEADER_SELECTOR if multinode else {}),
             "ports": [
                 {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
                 {

@@ -198,6 +198,7 @@ VIOLATIONS: dict[str, list[dict[str, Any]]] = {
         },
         {"prefill": {"accelerator": {"type": "cpu"}}, "decode": {"accelerator": {"type": "cpu"}}},
         {"router": {"conversation": {"ttl": 480}}},
+        {"decode": {"nodesPerInstance": 2, "tensorParallelSize": 2}},
     ],
     "Accelerator": [{"kvCacheGiB": 2}, {"type": "cpu", "count": 1}],
     "ModelCache": [{}],
@@ -216,6 +217,12 @@ VIOLATIONS: dict[str, list[dict[str, Any]]] = {
         cls: [{"extraArgs": ["--enforce-eager", flags[0], "1"]} for flags, _ in (*OWNED_FLAGS, *PAIRED_FLAGS)]
         + [{"env": [{"name": "A", "value": "1"}, {"name": PAIRED_ENV[0], "value": "FLASH_ATTN"}]}]
         + [{"scaling": {"mode": "Automatic"}}]
+        + [
+            {"nodesPerInstance": 2, "accelerator": {"type": "aws.amazon.com/neuron"}},
+            {"nodesPerInstance": 2},
+            {"nodesPerInstance": 2, "tensorParallelSize": 2, "scaling": {"mode": "External"}},
+            {"instanceTopologyKey": "topology.k8s.aws/network-node-layer-3"},
+        ]
         for cls in ("PrefillSpec", "DecodeSpec")
     },
 }

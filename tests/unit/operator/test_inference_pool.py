@@ -14,7 +14,14 @@ from sync_helpers import LIVE, READY, T1, UID, RecordingKube, observed, parent, 
 from duplex import reconcile
 from duplex.apierrors import ApiError
 from duplex.children.inference_pool import LLM_D_ROLE_LABEL, engine_pod_labels, inference_pool, pool_name
-from duplex.children.kinds import CHILD_KINDS, DEPLOYMENT, INFERENCE_POOL, WATCHED_CHILD_KINDS, apply_rank
+from duplex.children.kinds import (
+    CHILD_KINDS,
+    DEPLOYMENT,
+    INFERENCE_POOL,
+    LEADER_WORKER_SET,
+    WATCHED_CHILD_KINDS,
+    apply_rank,
+)
 from duplex.children.labels import KV_REVISION_LABEL, MANAGED_BY, ROLE_LABEL, SERVING_LABEL
 from duplex.converge import covers
 from duplex.render import InvalidSpec, parse_spec
@@ -150,7 +157,7 @@ def test_enabled_must_be_a_boolean_and_unknown_fields_are_refused() -> None:
 
 def test_the_kind_is_watched_optional_and_applied_after_the_workloads() -> None:
     assert INFERENCE_POOL in WATCHED_CHILD_KINDS and INFERENCE_POOL.optional
-    assert [k for k in CHILD_KINDS if k.optional] == [INFERENCE_POOL]
+    assert [k for k in CHILD_KINDS if k.optional] == [LEADER_WORKER_SET, INFERENCE_POOL]
     assert CHILD_KINDS[-1] is INFERENCE_POOL and CHILD_KINDS.index(DEPLOYMENT) < CHILD_KINDS.index(INFERENCE_POOL)
     (pool,) = pools(children(ON))
     assert apply_rank(pool) == len(CHILD_KINDS) - 1

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes_validate import utils as kv_utils
 
-from duplex.children.kinds import INFERENCE_POOL, kind_of
+from duplex.children.kinds import INFERENCE_POOL, LEADER_WORKER_SET, kind_of
 from duplex.crd import crd
 from duplex.render import desired_children, parse, parse_spec
 
@@ -84,7 +84,11 @@ def apiserver_checks(objs: list[dict[str, Any]]) -> None:
 def validate_all(objs: list[dict[str, Any]], version: str = K8S) -> None:
     assert objs
     for obj in objs:
-        if kind_of(obj) is not INFERENCE_POOL:  # no Kubernetes schema: tests/integration/test_inference_pool_crd.py
+        if kind_of(obj) is LEADER_WORKER_SET:  # no Kubernetes schema for the set: its pod templates have one
+            for rank in ("leaderTemplate", "workerTemplate"):
+                template = obj["spec"]["leaderWorkerTemplate"][rank]
+                validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": obj["metadata"], "template": template})
+        elif kind_of(obj) is not INFERENCE_POOL:  # no Kubernetes schema: tests/integration/test_inference_pool_crd.py
             validate(obj, version)
     apiserver_checks(objs)
 

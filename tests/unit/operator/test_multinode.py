@@ -1,0 +1,244 @@
+"""Roles whose engine instance spans nodes (nodesPerInstance above 1): admission, the LeaderWorkerSet they render,
+the leader-only Service, the rank side-channel ports, and the multi-node example through `duplex render`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from dsv_helpers import EXAMPLES, SEED, arg_value, children, find, load, spec_dict
+
+from duplex import render_cli
+from duplex.children.kinds import CHILD_KINDS, LEADER_WORKER_SET, WATCHED_CHILD_KINDS
+from duplex.children.lws import EXCLUSIVE_TOPOLOGY_ANNOTATION, WORKER_INDEX_LABEL, rank_ports
+from duplex.children.roles import EngineRole
+from duplex.render import InvalidSpec, Serving, desired_children, parse, parse_spec
+
+MULTINODE = EXAMPLES / "multinode-decode.yaml"
+EFA = {"network": {"efa": {"enabled": True}}, "prefill": {"memory": "1Gi"}}
+TWO_NODES = {
+    **EFA,
+    "decode": {"memory": "1Gi", "nodesPerInstance": 2, "tensorParallelSize": 8, "pipelineParallelSize": 2},
+}
+
+
+def ranks(lws: dict[str, Any], rank: str) -> dict[str, Any]:
+    template: dict[str, Any] = lws["spec"]["leaderWorkerTemplate"][f"{rank}Template"]
+    return template
+
+
+def engine(template: dict[str, Any]) -> dict[str, Any]:
+    (ctr,) = template["spec"]["containers"]
+    return ctr  # type: ignore[no-any-return]
+
+
+# --- admission --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "patch,words",
+    [
+        ({"decode": {"nodesPerInstance": 2}}, "accelerator.count x nodesPerInstance"),
+        ({"decode": {"nodesPerInstance": 2, "tensorParallelSize": 8, "accelerator": {"count": 2}}}, "must equal"),
+        ({"decode": {"nodesPerInstance": 2, "tensorParallelSize": 16}}, "network.efa.enabled"),
+        (
+            {"decode": {"nodesPerInstance": 2, "tensorParallelSize": 8, "accelerator": {"type": "cpu"}}},
+            "nvidia.com/gpu",
+        ),
+        ({"decode": {"nodesPerInstance": 2, "tensorParallelSize": 8, "scaling": {"mode": "External"}}}, "Fixed"),
+        ({"prefill": {"instanceTopologyKey": "topology.kubernetes.io/zone"}}, "instanceTopologyKey"),
+    ],
+)
+def test_admission_refuses_what_cannot_run(patch: dict[str, Any], words: str) -> None:
+    with pytest.raises(InvalidSpec) as info:
+        parse_spec(spec_dict(patch))
+    assert words in str(info.value)
+
+
+def test_devices_per_node_default_to_the_ranks_spread_evenly() -> None:
+    for tp, pp in ((8, 2), (16, 1)):
+        parsed = parse_spec(
+            spec_dict(
+                {
+                    **EFA,
+                    "decode": {
+                        "memory": "1Gi",
+                        "nodesPerInstance": 2,
+                        "tensorParallelSize": tp,
+                        "pipelineParallelSize": pp,
+                    },
+                }
+            )
+        )
+        lws = find(desired_children_of(parsed), "LeaderWorkerSet", "demo-decode")
+        for rank in ("leader", "worker"):
+            assert engine(ranks(lws, rank))["resources"]["limits"]["nvidia.com/gpu"] == "8"
+
+
+def desired_children_of(parsed: Any) -> list[dict[str, Any]]:
+    return desired_children(Serving("demo", "ns1", parsed))
+
+
+# --- single node: unchanged -------------------------------------------------------------------------------------
+
+
+def test_single_node_roles_render_deployments_without_multinode_flags() -> None:
+    objs = desired_children(parse(load(SEED)))
+    assert not [o for o in objs if o["kind"] == "LeaderWorkerSet"]
+    for role in ("prefill", "decode"):
+        args = find(objs, "Deployment", f"qwen3-32b-{role}")["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert not {"--nnodes", "--pipeline-parallel-size", "--headless"} & set(args)
+        assert WORKER_INDEX_LABEL not in find(objs, "Service", f"qwen3-32b-{role}")["spec"]["selector"]
+
+
+# --- the LeaderWorkerSet ----------------------------------------------------------------------------------------
+
+
+def test_a_multinode_role_renders_a_leader_worker_set_and_no_deployment() -> None:
+    objs = children(TWO_NODES)
+    assert [o["metadata"]["name"] for o in objs if o["kind"] == "Deployment"] == ["demo-prefill", "demo-router"]
+    lws = find(objs, "LeaderWorkerSet", "demo-decode")
+    assert lws["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
+    body = lws["spec"]
+    assert body["replicas"] == 1 and body["leaderWorkerTemplate"]["size"] == 2
+    assert body["leaderWorkerTemplate"]["restartPolicy"] == "RecreateGroupOnPodRestart"
+    # Workers start with their leader, not after it is Ready: a leader is Ready only once every rank has joined.
+    assert body["startupPolicy"] == "LeaderCreated"
+    assert body["rolloutStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdateConfiguration": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+
+
+def test_leader_and_workers_run_vllms_multinode_launch() -> None:
+    lws = find(children(TWO_NODES), "LeaderWorkerSet", "demo-decode")
+    leader, worker = engine(ranks(lws, "leader"))["args"], engine(ranks(lws, "worker"))["args"]
+    for args in (leader, worker):
+        assert arg_value(args, "--tensor-parallel-size") == "8"
+        assert arg_value(args, "--pipeline-parallel-size") == "2"
+        assert arg_value(args, "--nnodes") == "2"
+        assert arg_value(args, "--master-addr") == "$(LWS_LEADER_ADDRESS)"
+        assert arg_value(args, "--distributed-executor-backend") == "mp"
+    assert arg_value(leader, "--node-rank") == "0" and "--headless" not in leader
+    assert arg_value(worker, "--node-rank") == "$(LWS_WORKER_INDEX)" and worker[-1] == "--headless"
+    # Everything but the launch is the same engine.
+    launch = len(leader) - 8
+    assert leader[:launch] == worker[:launch] and worker[launch:-1][::2] == leader[launch:][::2]
+
+
+def test_every_rank_has_the_engine_pods_fabric_shape() -> None:
+    objs = children(TWO_NODES)
+    lws = find(objs, "LeaderWorkerSet", "demo-decode")
+    single = find(
+        children({**TWO_NODES, "decode": {**TWO_NODES["decode"], "nodesPerInstance": 1, "accelerator": {"count": 16}}}),
+        "Deployment",
+        "demo-decode",
+    )
+    reference = single["spec"]["template"]["spec"]
+    for rank in ("leader", "worker"):
+        pod = ranks(lws, rank)["spec"]
+        ctr = engine(ranks(lws, rank))
+        assert ctr["resources"]["limits"]["vpc.amazonaws.com/efa"] == "16"
+        assert ctr["resources"]["limits"]["hugepages-2Mi"] == "5120Mi"
+        assert ctr["resources"]["limits"]["nvidia.com/gpu"] == "8"
+        assert "IPC_LOCK" in ctr["securityContext"]["capabilities"]["add"]
+        # The KV revision (revision.py) is stamped on engine Deployments only so far (issue 28 item 3).
+        assert ctr["env"] == [e for e in reference["containers"][0]["env"] if e["name"] != "DUPLEX_KV_REVISION"]
+        assert ctr["volumeMounts"] == reference["containers"][0]["volumeMounts"]
+        assert pod["volumes"] == reference["volumes"]
+        assert pod["initContainers"] == reference["initContainers"]  # the fabric preflight on every node
+        assert pod["tolerations"] == reference["tolerations"] and pod["affinity"] == reference["affinity"]
+
+
+def test_only_the_leader_serves_http_probes_and_drains() -> None:
+    lws = find(children(TWO_NODES), "LeaderWorkerSet", "demo-decode")
+    leader, worker = engine(ranks(lws, "leader")), engine(ranks(lws, "worker"))
+    assert {"startupProbe", "readinessProbe", "livenessProbe", "lifecycle"} <= set(leader)
+    assert not {"startupProbe", "readinessProbe", "livenessProbe", "lifecycle"} & set(worker)
+    assert "http" in [p["name"] for p in leader["ports"]]
+    assert "http" not in [p["name"] for p in worker["ports"]]
+
+
+def test_the_role_service_selects_leaders_only() -> None:
+    objs = children(TWO_NODES)
+    assert find(objs, "Service", "demo-decode")["spec"]["selector"][WORKER_INDEX_LABEL] == "0"
+    assert WORKER_INDEX_LABEL not in find(objs, "Service", "demo-prefill")["spec"]["selector"]
+
+
+def test_the_ranks_of_an_instance_may_reach_each_other() -> None:
+    objs = children(TWO_NODES)
+    decode = find(objs, "NetworkPolicy", "demo-decode")["spec"]["ingress"]
+    prefill = find(objs, "NetworkPolicy", "demo-prefill")["spec"]["ingress"]
+    own = {"duplex.dev/serving": "demo", "duplex.dev/role": "decode"}
+    assert any(rule["from"] == [{"podSelector": {"matchLabels": own}}] for rule in decode)
+    assert len(prefill) == len(decode) - 1
+
+
+def test_instance_topology_key_is_lws_exclusive_topology() -> None:
+    patch = {
+        **TWO_NODES,
+        "decode": {**TWO_NODES["decode"], "instanceTopologyKey": "topology.k8s.aws/network-node-layer-3"},
+    }
+    lws = find(children(patch), "LeaderWorkerSet", "demo-decode")
+    assert lws["metadata"]["annotations"] == {EXCLUSIVE_TOPOLOGY_ANNOTATION: "topology.k8s.aws/network-node-layer-3"}
+    assert "annotations" not in find(children(TWO_NODES), "LeaderWorkerSet", "demo-decode")["metadata"]
+
+
+# --- NIXL side-channel ports per rank ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "tp,pp,leader,workers",
+    [
+        (8, 2, list(range(5600, 5608)), list(range(5600, 5608))),  # TP within a node: tp ranks 0..7 on each
+        (16, 1, list(range(5600, 5608)), list(range(5608, 5616))),  # TP across nodes: ranks 8..15 on the worker
+        (4, 4, [5600, 5601, 5602, 5603], [5600, 5601, 5602, 5603]),  # two pipeline stages per node
+    ],
+)
+def test_side_channel_port_of_each_rank_is_base_plus_tp_rank(
+    tp: int, pp: int, leader: list[int], workers: list[int]
+) -> None:
+    parsed = parse_spec(
+        spec_dict(
+            {
+                **EFA,
+                "decode": {
+                    "memory": "1Gi",
+                    "nodesPerInstance": 2,
+                    "tensorParallelSize": tp,
+                    "pipelineParallelSize": pp,
+                },
+            }
+        )
+    )
+    role = EngineRole.of(parsed, "decode")
+    assert rank_ports(parsed, role, range(1)) == leader
+    assert rank_ports(parsed, role, range(1, 2)) == workers
+
+
+# --- the kind ---------------------------------------------------------------------------------------------------
+
+
+def test_the_kind_is_optional_watched_and_applied_after_the_deployments() -> None:
+    assert LEADER_WORKER_SET.optional and LEADER_WORKER_SET in WATCHED_CHILD_KINDS
+    assert [k.kind for k in CHILD_KINDS][-3:] == ["Deployment", "LeaderWorkerSet", "InferencePool"]
+
+
+# --- the example ------------------------------------------------------------------------------------------------
+
+
+def test_duplex_render_of_the_multinode_example(capsys: pytest.CaptureFixture[str]) -> None:
+    assert render_cli.main(["-f", str(MULTINODE)]) == 0
+    objs = [o for o in yaml.safe_load_all(capsys.readouterr().out) if o]
+    assert [o["metadata"]["name"] for o in objs if o["kind"] == "LeaderWorkerSet"] == [
+        "kimi-k2-prefill",
+        "kimi-k2-decode",
+    ]
+    decode = find(objs, "LeaderWorkerSet", "kimi-k2-decode")
+    assert decode["spec"]["replicas"] == 2 and decode["spec"]["leaderWorkerTemplate"]["size"] == 2
+    for rank in ("leader", "worker"):
+        limits = engine(ranks(decode, rank))["resources"]["limits"]
+        assert (limits["nvidia.com/gpu"], limits["vpc.amazonaws.com/efa"]) == ("8", "16")
+    assert find(objs, "Service", "kimi-k2-decode")["spec"]["selector"][WORKER_INDEX_LABEL] == "0"
+    assert [o["metadata"]["name"] for o in objs if o["kind"] == "Deployment"] == ["kimi-k2-router"]
