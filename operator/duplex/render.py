@@ -13,7 +13,7 @@ from duplex.api.meta import API_VERSION, KIND
 from duplex.api.naming import NAME_RULE
 from duplex.api.rules import RuleViolation
 from duplex.api.spec import DisaggregatedServingSpec
-from duplex.children.engine import ROLES, engine_deployment
+from duplex.children.engine import ROLES, engine_workload
 from duplex.children.engine_guard import engine_guard_configmap
 from duplex.children.engine_key import engine_key_secret
 from duplex.children.inference_pool import inference_pool
@@ -124,7 +124,7 @@ def desired_children(
     objs.append(drain_service(name, ns))
     objs += network_policies(spec, name, ns)
     for role in ROLES:
-        objs.append(engine_deployment(spec, name, ns, role, key_uid, (planned or {}).get(role)))
+        objs.append(engine_workload(spec, name, ns, role, key_uid, (planned or {}).get(role)))
     objs.append(router_deployment(spec, name, ns, key_uid))
     objs += inference_pool(spec, name, ns)  # last: its CRD may be missing, and the workloads must not wait for it
     return revision.stamp(objs, legacy)

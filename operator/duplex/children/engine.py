@@ -1,4 +1,5 @@
-"""The prefill and decode engine Deployments: vLLM serve with NixlConnector, one builder for both roles."""
+"""The prefill and decode engine workloads: vLLM serve with NixlConnector, one builder for both roles; a Deployment,
+or a LeaderWorkerSet (lws.py) for a role whose instance spans nodes."""
 
 from __future__ import annotations
 
@@ -162,7 +163,7 @@ def engine_pod_template(
     }
 
 
-def engine_deployment(
+def engine_workload(
     spec: DisaggregatedServingSpec,
     serving: str,
     namespace: str,

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from dsv_helpers import arg_value, env_map, spec
 
-from duplex.children.engine import engine_deployment
+from duplex.children.engine import engine_workload
 from duplex.render import InvalidSpec
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -24,7 +24,7 @@ CPU = {
 
 
 def engine(patch: dict[str, Any], role: str) -> dict[str, Any]:
-    pod = engine_deployment(spec(patch), "demo", "ns1", role)["spec"]["template"]["spec"]
+    pod = engine_workload(spec(patch), "demo", "ns1", role)["spec"]["template"]["spec"]
     return {"pod": pod, "ctr": pod["containers"][0]}
 
 

@@ -10,7 +10,7 @@ import pytest
 from dsv_helpers import arg_value, env_map, merge, spec
 
 from duplex.children import efa
-from duplex.children.engine import engine_deployment
+from duplex.children.engine import engine_workload
 from duplex.children.labels import SERVING_LABEL
 from duplex.render import InvalidSpec
 
@@ -19,7 +19,7 @@ FI_VARS = {"FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "FI_EFA_USE_HUGE_PAGE", "FI_
 
 
 def pod(patch: dict[str, Any] | None = None, role: str = "prefill", name: str = "demo") -> dict[str, Any]:
-    return engine_deployment(spec(patch), name, "ns1", role)["spec"]["template"]["spec"]
+    return engine_workload(spec(patch), name, "ns1", role)["spec"]["template"]["spec"]
 
 
 def kv_config(patch: dict[str, Any] | None = None, role: str = "prefill") -> dict[str, Any]:

@@ -12,7 +12,7 @@ from dsv_helpers import arg_value, container, env_map, merge, spec
 
 from duplex.api.spec import DisaggregatedServingSpec
 from duplex.children import labels as labels_module
-from duplex.children.engine import config_hash, engine_config_hash, engine_deployment, served_model_name, vllm_args
+from duplex.children.engine import config_hash, engine_config_hash, engine_workload, served_model_name, vllm_args
 from duplex.children.kv_config import kv_transfer_json
 from duplex.children.labels import ENGINE_HASH_ANNOTATION, ROLE_LABEL, SERVING_LABEL
 from duplex.children.roles import EngineRole
@@ -23,7 +23,7 @@ ROLES = ("prefill", "decode")
 def deployment(
     patch: dict[str, Any] | None = None, role: str = "prefill", name: str = "demo", namespace: str = "ns1"
 ) -> dict[str, Any]:
-    return engine_deployment(spec(patch), name, namespace, role)
+    return engine_workload(spec(patch), name, namespace, role)
 
 
 def pod_spec(patch: dict[str, Any] | None = None, role: str = "prefill") -> dict[str, Any]:
@@ -397,7 +397,7 @@ def test_role_only_change_changes_only_that_role(role: str) -> None:
 
 
 @pytest.mark.parametrize("change", list(ROUTER_CHANGES), ids=list(ROUTER_CHANGES))
-def test_router_only_change_leaves_engine_deployments_byte_identical(change: str) -> None:
+def test_router_only_change_leaves_engine_workloads_byte_identical(change: str) -> None:
     changed = merge(BASE, ROUTER_CHANGES[change])
     for role in ROLES:
         assert yaml.safe_dump(deployment(changed, role)) == yaml.safe_dump(deployment(BASE, role))
@@ -413,7 +413,7 @@ def test_replicas_and_rollout_change_the_deployment_but_not_the_hash() -> None:
 
 def test_engine_config_hash_covers_both_roles_pod_templates() -> None:
     s = spec(BASE)
-    parts = [engine_deployment(s, "demo", "ns1", r)["spec"]["template"]["spec"] for r in ROLES]
+    parts = [engine_workload(s, "demo", "ns1", r)["spec"]["template"]["spec"] for r in ROLES]
     assert engine_config_hash(s, "demo", "ns1") == config_hash({"roles": parts})
 
 
@@ -442,8 +442,8 @@ def test_builders_are_pure() -> None:
         )
     )
     before = s.model_dump()
-    first = [engine_deployment(s, "demo", "ns1", r) for r in ROLES]
-    second = [engine_deployment(s, "demo", "ns1", r) for r in ROLES]
+    first = [engine_workload(s, "demo", "ns1", r) for r in ROLES]
+    second = [engine_workload(s, "demo", "ns1", r) for r in ROLES]
     assert first == second
     assert s.model_dump() == before
 

@@ -10,14 +10,14 @@ import pytest
 from dsv_helpers import spec
 from sync_helpers import LIVE, READY, T1, parent
 
-from duplex.children.engine import engine_deployment
+from duplex.children.engine import engine_workload
 from duplex.kv_change import classify
 from duplex.sync import sync
 
 
 def templates(patch: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     s = spec(patch)
-    return {r: engine_deployment(s, "demo", "ns1", r, "uid-key")["spec"]["template"] for r in ("prefill", "decode")}
+    return {r: engine_workload(s, "demo", "ns1", r, "uid-key")["spec"]["template"] for r in ("prefill", "decode")}
 
 
 BASE = templates()
