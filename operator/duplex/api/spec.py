@@ -348,13 +348,11 @@ def _automatic_rules(role: str) -> tuple[Rule, ...]:
     )
 
 
-def _devices_match_ranks(r: RoleSpec) -> bool:
-    ranks = r.tensor_parallel_size * r.pipeline_parallel_size
-    if r.accelerator.type != GPU or (r.nodes_per_instance == 1 and r.pipeline_parallel_size == 1):
-        return True
-    if r.accelerator.count is not None:
-        return r.accelerator.count * r.nodes_per_instance == ranks
-    return ranks % r.nodes_per_instance == 0
+def _ranks(r: RoleSpec) -> int:
+    return r.tensor_parallel_size * r.pipeline_parallel_size
+
+
+_ONE_RANK_PER_DEVICE = "an instance runs one rank per GPU, the same number on every node"
 
 
 def _multinode_rules(role: str) -> tuple[Rule, ...]:
@@ -365,15 +363,28 @@ def _multinode_rules(role: str) -> tuple[Rule, ...]:
             "launch spans GPU nodes",
             holds=lambda r: r.nodes_per_instance == 1 or r.accelerator.type == GPU,
         ),
+        # One node without a pipeline is a single-node engine as before: accelerator.count may exceed its ranks.
         Rule(
-            cel="self.accelerator.type != 'nvidia.com/gpu' || "
+            cel="self.accelerator.type != 'nvidia.com/gpu' || !has(self.accelerator.count) || "
             "(self.nodesPerInstance == 1 && self.pipelineParallelSize == 1) || "
-            "(has(self.accelerator.count) ? "
-            "self.accelerator.count * self.nodesPerInstance == self.tensorParallelSize * self.pipelineParallelSize : "
-            "self.tensorParallelSize * self.pipelineParallelSize % self.nodesPerInstance == 0)",
-            message=f"{role}: accelerator.count x nodesPerInstance must equal tensorParallelSize x "
-            "pipelineParallelSize (one device per rank, the same number on every node)",
-            holds=_devices_match_ranks,
+            "self.accelerator.count * self.nodesPerInstance == self.tensorParallelSize * self.pipelineParallelSize",
+            message=f"{role}.accelerator.count x nodesPerInstance must equal tensorParallelSize x "
+            f"pipelineParallelSize: {_ONE_RANK_PER_DEVICE}",
+            holds=lambda r: (
+                r.accelerator.type != GPU
+                or r.accelerator.count is None
+                or (r.nodes_per_instance == 1 and r.pipeline_parallel_size == 1)
+                or r.accelerator.count * r.nodes_per_instance == _ranks(r)
+            ),
+        ),
+        Rule(
+            cel="self.accelerator.type != 'nvidia.com/gpu' || has(self.accelerator.count) || "
+            "self.tensorParallelSize * self.pipelineParallelSize % self.nodesPerInstance == 0",
+            message=f"{role}.tensorParallelSize x pipelineParallelSize must be a multiple of nodesPerInstance: "
+            f"{_ONE_RANK_PER_DEVICE} (accelerator.count defaults to the quotient)",
+            holds=lambda r: (
+                r.accelerator.type != GPU or r.accelerator.count is not None or _ranks(r) % r.nodes_per_instance == 0
+            ),
         ),
         Rule(
             cel="self.nodesPerInstance == 1 || self.scaling.mode == 'Fixed'",

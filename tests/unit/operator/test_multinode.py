@@ -39,8 +39,25 @@ def engine(template: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize(
     "patch,words",
     [
-        ({"decode": {"nodesPerInstance": 2}}, "accelerator.count x nodesPerInstance"),
-        ({"decode": {"nodesPerInstance": 2, "tensorParallelSize": 8, "accelerator": {"count": 2}}}, "must equal"),
+        (
+            {"decode": {"nodesPerInstance": 2}},
+            "spec.decode: decode.tensorParallelSize x pipelineParallelSize must be a multiple of nodesPerInstance: "
+            "an instance runs one rank per GPU, the same number on every node (accelerator.count defaults to the "
+            "quotient)",
+        ),
+        (
+            {"decode": {"nodesPerInstance": 3, "tensorParallelSize": 8, "pipelineParallelSize": 2}},
+            "must be a multiple of nodesPerInstance",
+        ),
+        (
+            {"decode": {"nodesPerInstance": 2, "tensorParallelSize": 8, "accelerator": {"count": 2}}},
+            "spec.decode: decode.accelerator.count x nodesPerInstance must equal tensorParallelSize x "
+            "pipelineParallelSize: an instance runs one rank per GPU, the same number on every node",
+        ),
+        (
+            {"prefill": {"pipelineParallelSize": 2, "tensorParallelSize": 4, "accelerator": {"count": 4}}},
+            "spec.prefill: prefill.accelerator.count x nodesPerInstance must equal",
+        ),
         ({"decode": {"nodesPerInstance": 2, "tensorParallelSize": 16}}, "network.efa.enabled"),
         (
             {"decode": {"nodesPerInstance": 2, "tensorParallelSize": 8, "accelerator": {"type": "cpu"}}},
