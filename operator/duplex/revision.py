@@ -25,9 +25,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from duplex import kv_change
-from duplex.children.engine import config_hash
 from duplex.children.kinds import DEPLOYMENT, SERVICE, kind_of
-from duplex.children.labels import ENGINE_HASH_ANNOTATION, KV_REVISION_LABEL, ROLE_LABEL
+from duplex.children.labels import ENGINE_HASH_ANNOTATION, KV_REVISION_LABEL, ROLE_LABEL, config_hash
 
 ENV = "DUPLEX_KV_REVISION"  # the engine guard and the simulator read it (duplex_sidecars.protocol names it too)
 GATE = "duplex.dev/kv-paired"

@@ -17,9 +17,8 @@ def accelerator_count(role: RoleSpec) -> int:
         return role.accelerator.count
     if role.accelerator.type == NEURON:
         return max(1, -(-role.tensor_parallel_size // 2))  # two NeuronCores per device
-    if role.nodes_per_instance > 1 or role.pipeline_parallel_size > 1:  # every rank of the instance, spread evenly
-        return role.tensor_parallel_size * role.pipeline_parallel_size // role.nodes_per_instance
-    return role.tensor_parallel_size
+    # One device per rank: the instance's TP x PP ranks, spread evenly over its nodes (admission checks they divide).
+    return role.tensor_parallel_size * role.pipeline_parallel_size // role.nodes_per_instance
 
 
 # The KV cache of a cpu engine, in GiB of host memory, when the spec does not say.

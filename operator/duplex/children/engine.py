@@ -9,8 +9,7 @@ from duplex.api.spec import DisaggregatedServingSpec, RoleSpec
 from duplex.children import efa, engine_guard, engine_key, inference_pool, lifecycle, lws, preflight, tracing
 from duplex.children.kinds import DEPLOYMENT
 from duplex.children.kv_config import kv_transfer_json
-from duplex.children.labels import ENGINE_HASH_ANNOTATION, HTTP_PORT, child_name, labels, selector
-from duplex.children.labels import config_hash as config_hash  # re-exported: revision.py hashes templates too
+from duplex.children.labels import ENGINE_HASH_ANNOTATION, HTTP_PORT, child_name, config_hash, labels, selector
 from duplex.children.roles import EngineRole
 
 ROLES = ("prefill", "decode")
@@ -176,8 +175,8 @@ def engine_workload(
     role = EngineRole.of(spec, role_name)
     template = engine_pod_template(spec, serving, namespace, role, key_uid)
     meta = {"name": child_name(serving, role.name), "namespace": namespace, "labels": labels(serving, role.name)}
-    if role.spec.nodes_per_instance > 1:
-        return lws.leader_worker_set(spec, role, meta, template)
+    if role.multinode:
+        return lws.leader_worker_set(role, meta, template)
     # scaling.mode External: another controller writes replicas (the operator hands them over, duplex.replicas).
     mode = role.spec.scaling.mode
     replicas = {} if mode == "External" else {"replicas": role.spec.replicas}

@@ -48,13 +48,13 @@ SERVICE = ChildKind("", "v1", "Service", "services")
 SECRET = ChildKind("", "v1", "Secret", "secrets", verbs=CREATE_ONLY_VERBS, watched=False)
 NETWORK_POLICY = ChildKind("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies")
 DEPLOYMENT = ChildKind("apps", "v1", "Deployment", "deployments")
+# The engine workload of a role whose instance spans nodes (nodesPerInstance above 1): one group of pods per instance.
+# Optional like the pool below: a cluster without LWS's CRD runs single-node roles as before, and a multi-node role's
+# apply fails with 404 (an ExtensionMissing Event), after every other workload.
+LEADER_WORKER_SET = ChildKind("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet", "leaderworkersets", optional=True)
 # The Gateway API Inference Extension's pool of the router pods, with router.inferencePool.enabled only. Clusters
 # without the extension's CRD run as before: kopf follows CRDs and serves a watched kind only once its CRD exists.
 # A serving that enables the pool there fails its pass on this apply (404), which comes last, after its workloads.
-# The engine workload of a role whose instance spans nodes (nodesPerInstance above 1): one group of pods per instance.
-# Optional like the pool: a cluster without LWS's CRD runs single-node roles as before, and a multi-node role's apply
-# fails with 404 (an ExtensionMissing Event), after every other workload.
-LEADER_WORKER_SET = ChildKind("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet", "leaderworkersets", optional=True)
 INFERENCE_POOL = ChildKind("inference.networking.k8s.io", "v1", "InferencePool", "inferencepools", optional=True)
 
 # Apply order: the router's identity, its config, the engine key and the policies exist before the workloads that

@@ -13,70 +13,46 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from duplex.api.spec import DisaggregatedServingSpec
 from duplex.children.kinds import LEADER_WORKER_SET
-from duplex.children.labels import ENGINE_HASH_ANNOTATION, HTTP_PORT, config_hash
+from duplex.children.labels import ENGINE_HASH_ANNOTATION, config_hash
 from duplex.children.roles import EngineRole
 
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"  # "0" on the leader
 EXCLUSIVE_TOPOLOGY_ANNOTATION = "leaderworkerset.sigs.k8s.io/exclusive-topology"
 LEADER_SELECTOR = {WORKER_INDEX_LABEL: "0"}  # added to the role Service's selector: routers see leaders only
+# What a headless rank does without: it serves no HTTP (nothing to probe, nothing to drain: its leader holds the
+# instance) and no NIXL handshake (vLLM's scheduler, on the leader, serves the handshake of every rank).
+_LEADER_ONLY = ("ports", "startupProbe", "readinessProbe", "livenessProbe", "lifecycle")
 
 
-def rank_ports(spec: DisaggregatedServingSpec, role: EngineRole, nodes: range) -> list[int]:
-    """The NIXL side-channel ports of the ranks on `nodes` (node ranks of one instance): base + dp_rank * tp_size
-    + tp_rank (vllm #24249), with dp_rank 0. vLLM numbers a rank tp fastest, then pp (rank = pp_rank * tp + tp_rank),
-    and gives each node a contiguous block of ranks."""
-    tp, pp = role.spec.tensor_parallel_size, role.spec.pipeline_parallel_size
-    per_node = tp * pp // role.spec.nodes_per_instance
-    tp_ranks = {rank % tp for node in nodes for rank in range(node * per_node, (node + 1) * per_node)}
-    return [spec.kv_transfer.side_channel_port + r for r in sorted(tp_ranks)]
-
-
-def _ports(spec: DisaggregatedServingSpec, role: EngineRole, leader: bool) -> list[dict[str, Any]]:
-    nodes = range(1) if leader else range(1, role.spec.nodes_per_instance)
-    base = spec.kv_transfer.side_channel_port
-    # The base port keeps its name (the role Service targets it); the others by their offset.
-    side = [
-        {"name": "nixl-side" if p == base else f"nixl-side-{p - base}", "containerPort": p, "protocol": "TCP"}
-        for p in rank_ports(spec, role, nodes)
-    ]
-    return ([{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}] if leader else []) + side
-
-
-def _multinode_args(role: EngineRole, leader: bool) -> list[str]:
-    rank = "0" if leader else "$(LWS_WORKER_INDEX)"
+def launch_args(role: EngineRole, leader: bool) -> list[str]:
+    """vLLM's multi-node launch, after the engine's own arguments (the owned flags: api/owned_args.py)."""
     args = [
         "--distributed-executor-backend", "mp",
         "--nnodes", str(role.spec.nodes_per_instance),
-        "--node-rank", rank,
+        "--node-rank", "0" if leader else "$(LWS_WORKER_INDEX)",
         "--master-addr", "$(LWS_LEADER_ADDRESS)",
     ]  # fmt: skip
     return args if leader else [*args, "--headless"]
 
 
-def _rank_template(
-    spec: DisaggregatedServingSpec, role: EngineRole, template: dict[str, Any], leader: bool
-) -> dict[str, Any]:
+def _rank_template(role: EngineRole, template: dict[str, Any], leader: bool) -> dict[str, Any]:
     out = copy.deepcopy(template)
     pod = out["spec"]
     engine = next(c for c in pod["containers"] if c["name"] == "vllm")
-    engine["args"] = [*engine["args"], *_multinode_args(role, leader)]
-    engine["ports"] = _ports(spec, role, leader)
+    engine["args"] = [*engine["args"], *launch_args(role, leader)]
     if not leader:
-        # A headless rank serves no HTTP: nothing to probe, nothing to drain (its leader holds the instance).
-        for key in ("startupProbe", "readinessProbe", "livenessProbe", "lifecycle"):
+        for key in _LEADER_ONLY:
             engine.pop(key, None)
     out["metadata"]["annotations"][ENGINE_HASH_ANNOTATION] = config_hash(pod)
     return out
 
 
-def leader_worker_set(
-    spec: DisaggregatedServingSpec, role: EngineRole, metadata: dict[str, Any], template: dict[str, Any]
-) -> dict[str, Any]:
+def leader_worker_set(role: EngineRole, metadata: dict[str, Any], template: dict[str, Any]) -> dict[str, Any]:
     """The role's LeaderWorkerSet: `replicas` groups of nodesPerInstance pods, from the role's engine pod
-    `template`. A group starts its workers once its leader is Ready (LeaderReady), is recreated whole when one of its
-    pods restarts (a lost rank breaks the instance), and rolls by the role's rollout bounds counted in groups."""
+    `template`. A group starts its workers as soon as its leader exists (LeaderCreated: the leader is Ready only
+    once every rank has joined it), is recreated whole when one of its pods restarts (a lost rank breaks the
+    instance), and rolls by the role's rollout bounds counted in groups."""
     rollout = role.spec.rollout
     meta = copy.deepcopy(metadata)
     if role.spec.instance_topology_key:
@@ -96,8 +72,8 @@ def leader_worker_set(
             "leaderWorkerTemplate": {
                 "size": role.spec.nodes_per_instance,
                 "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": _rank_template(spec, role, template, leader=True),
-                "workerTemplate": _rank_template(spec, role, template, leader=False),
+                "leaderTemplate": _rank_template(role, template, leader=True),
+                "workerTemplate": _rank_template(role, template, leader=False),
             },
         },
     )

@@ -4,8 +4,8 @@
   `network.networkPolicy.metricsNamespaces` (vLLM serves /metrics on the same port; every path but /health and
   /metrics needs the engine key: vLLM guards /v1, the engine guard (engine_guard.py) the rest); the NIXL side channel and transport only from the other role's pods of this serving (prefill reads decode's
   blocks back, decode reads prefill's). UCX's TCP transport listens on ports it picks at run time, so the transport
-  rule opens every port but HTTP to the peer role, and only to it. A role whose instances span nodes also lets its
-  own pods reach each other's unprivileged ports (the ranks of an instance rendezvous and talk over TCP).
+  rule opens every port but HTTP to the peer role, and only to it. A role whose instances span nodes also opens the
+  same ports to its own pods: the ranks of an instance rendezvous and talk over TCP (never over HTTP).
 * Router: its API port open to everyone (it is the API edge); its admin port (/metrics, /ready's detail: the
   topology) only from the pods of `metricsNamespaces`, and from this serving's decode pods, whose preStop hook asks
   it what they still hold (/drain, with the engine key).
@@ -34,13 +34,14 @@ def _tcp(port: int, end: int | None = None) -> dict[str, Any]:
     return {"protocol": "TCP", "port": port, **({"endPort": end} if end is not None else {})}
 
 
+def _all_but_http() -> list[dict[str, Any]]:
+    """Every unprivileged port but the engines' HTTP port: listeners that pick their port at run time."""
+    return [_tcp(_LOWEST_UNPRIVILEGED, HTTP_PORT - 1), _tcp(HTTP_PORT + 1, _HIGHEST_PORT)]
+
+
 def transport_ports(spec: DisaggregatedServingSpec) -> list[dict[str, Any]]:
     """The side channel, then every unprivileged port but the engines' HTTP port (UCX's listeners)."""
-    return [
-        _tcp(spec.kv_transfer.side_channel_port),
-        _tcp(_LOWEST_UNPRIVILEGED, HTTP_PORT - 1),
-        _tcp(HTTP_PORT + 1, _HIGHEST_PORT),
-    ]
+    return [_tcp(spec.kv_transfer.side_channel_port), *_all_but_http()]
 
 
 def _from_scrapers(spec: DisaggregatedServingSpec, port: int) -> list[dict[str, Any]]:
@@ -60,14 +61,9 @@ def engine_policy(spec: DisaggregatedServingSpec, serving: str, namespace: str, 
     ingress.append(
         {"from": [{"podSelector": {"matchLabels": selector(serving, PEER[role])}}], "ports": transport_ports(spec)}
     )
-    if EngineRole.of(spec, role).spec.nodes_per_instance > 1:
+    if EngineRole.of(spec, role).multinode:
         # The ranks of an instance: torch.distributed's rendezvous at the leader, NCCL's bootstrap, vLLM's queues.
-        ingress.append(
-            {
-                "from": [{"podSelector": {"matchLabels": selector(serving, role)}}],
-                "ports": [_tcp(_LOWEST_UNPRIVILEGED, _HIGHEST_PORT)],
-            }
-        )
+        ingress.append({"from": [{"podSelector": {"matchLabels": selector(serving, role)}}], "ports": _all_but_http()})
     return NETWORK_POLICY.manifest(
         {"name": child_name(serving, role), "namespace": namespace, "labels": labels(serving, role)},
         spec={"podSelector": {"matchLabels": selector(serving, role)}, "policyTypes": ["Ingress"], "ingress": ingress},

@@ -15,8 +15,8 @@ from duplex.children.roles import EngineRole
 
 def engine_service(spec: DisaggregatedServingSpec, serving: str, namespace: str, role: str) -> dict[str, Any]:
     """A role whose instances span nodes selects its leaders only: the routers pair instances through them, and a
-    leader serves the NIXL handshake of all its ranks (vllm #26338)."""
-    multinode = EngineRole.of(spec, role).spec.nodes_per_instance > 1
+    leader serves the NIXL handshake of all its ranks (vLLM's scheduler runs there; vllm #26338)."""
+    multinode = EngineRole.of(spec, role).multinode
     return SERVICE.manifest(
         {"name": child_name(serving, role), "namespace": namespace, "labels": labels(serving, role)},
         spec={

@@ -12,9 +12,9 @@ from dsv_helpers import arg_value, container, env_map, merge, spec
 
 from duplex.api.spec import DisaggregatedServingSpec
 from duplex.children import labels as labels_module
-from duplex.children.engine import config_hash, engine_config_hash, engine_workload, served_model_name, vllm_args
+from duplex.children.engine import engine_config_hash, engine_workload, served_model_name, vllm_args
 from duplex.children.kv_config import kv_transfer_json
-from duplex.children.labels import ENGINE_HASH_ANNOTATION, ROLE_LABEL, SERVING_LABEL
+from duplex.children.labels import ENGINE_HASH_ANNOTATION, ROLE_LABEL, SERVING_LABEL, config_hash
 from duplex.children.roles import EngineRole
 
 ROLES = ("prefill", "decode")

@@ -1,5 +1,5 @@
 """Roles whose engine instance spans nodes (nodesPerInstance above 1): admission, the LeaderWorkerSet they render,
-the leader-only Service, the rank side-channel ports, and the multi-node example through `duplex render`."""
+the leader-only Service and side channel, and the multi-node example through `duplex render`."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from dsv_helpers import EXAMPLES, SEED, arg_value, children, find, load, spec_di
 
 from duplex import render_cli
 from duplex.children.kinds import CHILD_KINDS, LEADER_WORKER_SET, WATCHED_CHILD_KINDS
-from duplex.children.lws import EXCLUSIVE_TOPOLOGY_ANNOTATION, WORKER_INDEX_LABEL, rank_ports
-from duplex.children.roles import EngineRole
+from duplex.children.lws import EXCLUSIVE_TOPOLOGY_ANNOTATION, WORKER_INDEX_LABEL
 from duplex.render import InvalidSpec, Serving, desired_children, parse, parse_spec
 
 MULTINODE = EXAMPLES / "multinode-decode.yaml"
@@ -168,13 +167,13 @@ def test_every_rank_has_the_engine_pods_fabric_shape() -> None:
         assert pod["tolerations"] == reference["tolerations"] and pod["affinity"] == reference["affinity"]
 
 
-def test_only_the_leader_serves_http_probes_and_drains() -> None:
+def test_only_the_leader_serves_http_the_side_channel_probes_and_drains() -> None:
     lws = find(children(TWO_NODES), "LeaderWorkerSet", "demo-decode")
     leader, worker = engine(ranks(lws, "leader")), engine(ranks(lws, "worker"))
     assert {"startupProbe", "readinessProbe", "livenessProbe", "lifecycle"} <= set(leader)
-    assert not {"startupProbe", "readinessProbe", "livenessProbe", "lifecycle"} & set(worker)
-    assert "http" in [p["name"] for p in leader["ports"]]
-    assert "http" not in [p["name"] for p in worker["ports"]]
+    assert not {"ports", "startupProbe", "readinessProbe", "livenessProbe", "lifecycle"} & set(worker)
+    # vLLM's scheduler, on the leader, serves the NIXL handshake of every rank on the one side-channel port.
+    assert [(p["name"], p["containerPort"]) for p in leader["ports"]] == [("http", 8000), ("nixl-side", 5600)]
 
 
 def test_the_role_service_selects_leaders_only() -> None:
@@ -188,7 +187,12 @@ def test_the_ranks_of_an_instance_may_reach_each_other() -> None:
     decode = find(objs, "NetworkPolicy", "demo-decode")["spec"]["ingress"]
     prefill = find(objs, "NetworkPolicy", "demo-prefill")["spec"]["ingress"]
     own = {"duplex.dev/serving": "demo", "duplex.dev/role": "decode"}
-    assert any(rule["from"] == [{"podSelector": {"matchLabels": own}}] for rule in decode)
+    (ranks_rule,) = [rule for rule in decode if rule["from"] == [{"podSelector": {"matchLabels": own}}]]
+    # Every unprivileged port but HTTP: the ranks never call each other's API, only the router does.
+    assert ranks_rule["ports"] == [
+        {"protocol": "TCP", "port": 1024, "endPort": 7999},
+        {"protocol": "TCP", "port": 8001, "endPort": 65535},
+    ]
     assert len(prefill) == len(decode) - 1
 
 
@@ -200,38 +204,6 @@ def test_instance_topology_key_is_lws_exclusive_topology() -> None:
     lws = find(children(patch), "LeaderWorkerSet", "demo-decode")
     assert lws["metadata"]["annotations"] == {EXCLUSIVE_TOPOLOGY_ANNOTATION: "topology.k8s.aws/network-node-layer-3"}
     assert "annotations" not in find(children(TWO_NODES), "LeaderWorkerSet", "demo-decode")["metadata"]
-
-
-# --- NIXL side-channel ports per rank ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "tp,pp,leader,workers",
-    [
-        (8, 2, list(range(5600, 5608)), list(range(5600, 5608))),  # TP within a node: tp ranks 0..7 on each
-        (16, 1, list(range(5600, 5608)), list(range(5608, 5616))),  # TP across nodes: ranks 8..15 on the worker
-        (4, 4, [5600, 5601, 5602, 5603], [5600, 5601, 5602, 5603]),  # two pipeline stages per node
-    ],
-)
-def test_side_channel_port_of_each_rank_is_base_plus_tp_rank(
-    tp: int, pp: int, leader: list[int], workers: list[int]
-) -> None:
-    parsed = parse_spec(
-        spec_dict(
-            {
-                **EFA,
-                "decode": {
-                    "memory": "1Gi",
-                    "nodesPerInstance": 2,
-                    "tensorParallelSize": tp,
-                    "pipelineParallelSize": pp,
-                },
-            }
-        )
-    )
-    role = EngineRole.of(parsed, "decode")
-    assert rank_ports(parsed, role, range(1)) == leader
-    assert rank_ports(parsed, role, range(1, 2)) == workers
 
 
 # --- the kind ---------------------------------------------------------------------------------------------------
