@@ -12,6 +12,10 @@ OWNED_FLAGS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("--port",), "none: engines always listen on port 8000, which Services and probes use"),
     (("--host",), "none: engines listen on every pod address"),
     (("--tensor-parallel-size", "-tp"), "spec.{role}.tensorParallelSize"),
+    (("--pipeline-parallel-size", "-pp"), "spec.{role}.pipelineParallelSize"),
+    # vLLM's multi-node launch (children/lws.py): each pod's place in its instance comes from LeaderWorkerSet.
+    (("--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--headless"), "spec.{role}.nodesPerInstance"),
+    (("--distributed-executor-backend",), "none: mp across the nodes of a multi-node instance; one node picks its own"),
     (("--model",), "spec.model.name"),
     (("--served-model-name",), "spec.model.servedModelName"),
     (("--dtype",), "spec.model.dtype"),

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from duplex.api.owned_args import OWNED_FLAGS, owned_arg_rules, uses_flag
 from duplex.api.spec import DecodeSpec, ModelSpec, PrefillSpec
-from duplex.children.engine import vllm_args
+from duplex.children.engine import engine_workload, vllm_args
 from duplex.children.roles import EngineRole
 from duplex.render import InvalidSpec, parse_spec
 
@@ -24,6 +24,14 @@ EXPECTED_FIELD = {
     "--kv-transfer-config": "spec.kvTransfer",
     "--tensor-parallel-size": "spec.{role}.tensorParallelSize",
     "-tp": "spec.{role}.tensorParallelSize",
+    "--pipeline-parallel-size": "spec.{role}.pipelineParallelSize",
+    "-pp": "spec.{role}.pipelineParallelSize",
+    "--nnodes": "spec.{role}.nodesPerInstance",
+    "-n": "spec.{role}.nodesPerInstance",
+    "--node-rank": "spec.{role}.nodesPerInstance",
+    "-r": "spec.{role}.nodesPerInstance",
+    "--master-addr": "spec.{role}.nodesPerInstance",
+    "--headless": "spec.{role}.nodesPerInstance",
     "--model": "spec.model.name",
     "--served-model-name": "spec.model.servedModelName",
     "--dtype": "spec.model.dtype",
@@ -43,6 +51,7 @@ NOT_CONFIGURABLE = {
     "--host": "every pod address",
     "--middleware": "the engine key on every path but /health and /metrics",
     "--shutdown-timeout": "derived from kvTransfer.leaseDuration and the decode drain",
+    "--distributed-executor-backend": "mp across the nodes of a multi-node instance",
 }
 
 
@@ -57,6 +66,51 @@ def test_the_owned_flags_are_the_ones_duplex_renders() -> None:
     )
     rendered = vllm_args(s, EngineRole.of(s, "prefill"))
     assert {a for a in rendered if a.startswith("-")} <= set(ALL_FLAGS)
+
+
+def test_the_multinode_launch_flags_are_owned() -> None:
+    """What a LeaderWorkerSet's leader and workers add (children/lws.py) cannot come from extraArgs either."""
+    s = spec(
+        {
+            "network": {"efa": {"enabled": True}},
+            "prefill": {"memory": "1Gi"},
+            "decode": {"memory": "1Gi", "nodesPerInstance": 2, "tensorParallelSize": 8, "pipelineParallelSize": 2},
+        }
+    )
+    lws = engine_workload(s, "demo", "ns1", "decode")
+    for rank in ("leaderTemplate", "workerTemplate"):
+        (engine,) = lws["spec"]["leaderWorkerTemplate"][rank]["spec"]["containers"]
+        flags = {a for a in engine["args"] if a.startswith("-")}
+        assert {"--pipeline-parallel-size", "--nnodes", "--node-rank", "--master-addr"} <= flags
+        assert flags <= set(ALL_FLAGS)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--nnodes", "4"],
+        ["-n", "4"],
+        ["--node-rank=1"],
+        ["-r", "1"],
+        ["--master-addr", "10.0.0.1"],
+        ["--headless"],
+        ["--pipeline-parallel-size", "4"],
+        ["-pp", "4"],
+        ["--pipeline_parallel_size=4"],
+        ["--pipeline-parallel=4"],  # argparse's abbreviation
+        ["--distributed-executor-backend", "ray"],
+    ],
+)
+def test_extra_args_cannot_change_the_multinode_launch(args: list[str]) -> None:
+    patch = {
+        "network": {"efa": {"enabled": True}},
+        "prefill": {"memory": "1Gi"},
+        "decode": {"memory": "1Gi", "nodesPerInstance": 2, "tensorParallelSize": 8, "pipelineParallelSize": 2}
+        | {"extraArgs": args},
+    }
+    with pytest.raises(InvalidSpec) as info:
+        parse_spec(spec_dict(patch))
+    assert [e.split(": ", 1)[0] for e in info.value.errors] == ["spec.decode.extraArgs"]
 
 
 def _field(flag: str, location: str) -> str:
