@@ -19,7 +19,7 @@ from typing import Any, Literal
 from duplex import auto_threshold, kv_change, lockstep, planner, replicas, revision, scale_in
 from duplex import status as status_of
 from duplex.api.status import DisaggregatedServingStatus, EngineChange
-from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, POD, SECRET, apply_rank, kind_of
+from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, POD, SECRET, WORKLOAD_KINDS, apply_rank, kind_of
 from duplex.children.labels import ROLE_LABEL
 from duplex.children.router import fabric_configmap_name
 from duplex.converge import key, plan, with_owner
@@ -101,11 +101,11 @@ def sync(
 
     # 3. What must change: children missing or drifted get applied, children of ours no longer desired are deleted;
     # the key Secret is created when missing and otherwise left as it is (changing it would rotate the key). Until
-    # it exists, the Deployments wait: pods that start before it would read no key or the old one.
+    # it exists, the workloads wait: pods that start before it would read no key or the old one.
     to_apply, to_delete = _changes([*desired, secret], observed, meta["uid"])
     seen = {key(dict(o)) for o in observed}
     to_create = [o for o in to_apply if kind_of(o) is SECRET and key(o) not in seen]
-    to_apply = [o for o in to_apply if kind_of(o) is not SECRET and (key_uid or kind_of(o) is not DEPLOYMENT)]
+    to_apply = [o for o in to_apply if kind_of(o) is not SECRET and (key_uid or kind_of(o) not in WORKLOAD_KINDS)]
 
     # 4. Status from the observed Deployments; the next pass sees what this one's writes did.
     pods = [o for o in observed if o.get("kind") == POD.kind]

@@ -72,6 +72,8 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
     INFERENCE_POOL,
 )
 WATCHED_CHILD_KINDS = tuple(k for k in CHILD_KINDS if k.watched)
+# The kinds that run pods: their pods read the engine key, so they wait until its Secret exists (sync.py).
+WORKLOAD_KINDS = (DEPLOYMENT, LEADER_WORKER_SET)
 
 # Watched for what they report, never written: engine pods (their preflight results). Pods are owned by ReplicaSets,
 # so the shell finds a pod's parent by its serving label.
