@@ -1,4 +1,5 @@
-"""Pure status aggregation: observed child Deployments + the spec -> the parent's typed status and conditions."""
+"""Pure status aggregation: observed workloads (Deployments, LeaderWorkerSets: workloads.py) + the spec -> the
+parent's typed status and conditions."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from duplex import replicas
+from duplex import replicas, workloads
 from duplex.api.status import Condition, DisaggregatedServingStatus, RecomputeCalibration, RoleStatus
 from duplex.children.engine import engine_config_hash
 from duplex.children.kv_config import effective
@@ -18,7 +19,7 @@ from duplex.config_warnings import config_warnings
 from duplex.fabric import fabric_ready
 from duplex.render import Serving
 
-WORKLOADS = ("prefill", "decode", "router")
+WORKLOADS = workloads.WORKLOADS
 ROLE_CONDITIONS = {"prefill": "PrefillReady", "decode": "DecodeReady", "router": "RouterReady"}
 ConditionStatus = Literal["True", "False", "Unknown"]
 
@@ -121,54 +122,28 @@ def engine_ips(serving: str, pods: Iterable[Mapping[str, Any]]) -> set[str]:
     return ips
 
 
-def role_status(desired: int, deployment: Mapping[str, Any] | None) -> RoleStatus:
-    st = (deployment or {}).get("status") or {}
-    meta = (deployment or {}).get("metadata") or {}
-    current = st.get("observedGeneration", 0) >= meta.get("generation", 1)
-    ready = st.get("readyReplicas", 0) or 0
-    updated = (st.get("updatedReplicas", 0) or 0) if current else 0
+def role_status(desired: int, progress: workloads.Progress) -> RoleStatus:
+    ready, updated = progress.ready, progress.updated
     return RoleStatus(replicas=desired, ready_replicas=ready, updated_replicas=updated, summary=f"{ready}/{desired}")
 
 
-def outdated_pods(deployment: Mapping[str, Any] | None) -> int:
-    """Pods still on an old template: during a surge roll the counts can look complete while these serve."""
-    st = (deployment or {}).get("status") or {}
-    return max(0, (st.get("replicas", 0) or 0) - (st.get("updatedReplicas", 0) or 0))
-
-
-def _role_condition(
-    kind: str, rs: RoleStatus, deployment: Mapping[str, Any] | None
-) -> tuple[ConditionStatus, str, str]:
-    desired, ready, updated = rs.replicas, rs.ready_replicas, rs.updated_replicas
-    if deployment is None:
-        return "False", "NotCreated", f"{kind} Deployment does not exist yet"
+def _role_condition(workload: str, desired: int, progress: workloads.Progress) -> tuple[ConditionStatus, str, str]:
+    ready, updated, unit = progress.ready, progress.updated, progress.unit
+    if not progress.exists:
+        return "False", "NotCreated", f"{workload} {progress.kind} does not exist yet"
     if desired == 0:
-        return "False", "ScaledToZero", f"{kind} has 0 replicas"
-    old = outdated_pods(deployment)
-    if old:
-        return "False", "RollingOut", f"{updated}/{desired} {kind} pods updated, {old} old still running"
+        return "False", "ScaledToZero", f"{workload} has 0 replicas"
+    if progress.outdated:
+        return (
+            "False",
+            "RollingOut",
+            f"{updated}/{desired} {workload} {unit} updated, {progress.outdated} old still running",
+        )
     if ready >= desired and updated >= desired:
-        return "True", "AllReplicasReady", f"{ready}/{desired} {kind} pods ready"
-    if starting(deployment):
-        return "False", "Starting", f"{ready}/{desired} {kind} pods ready, within the progress deadline"
-    return "False", "ReplicasNotReady", f"{ready}/{desired} {kind} pods ready, {updated} updated"
-
-
-# The Deployment controller's reasons on its Progressing condition while a rollout (a first start too) goes on and
-# is within progressDeadlineSeconds; NewReplicaSetAvailable means it completed, ProgressDeadlineExceeded (with status
-# False) that it failed.
-_IN_PROGRESS = frozenset({"NewReplicaSetCreated", "FoundNewReplicaSet", "ReplicaSetUpdated"})
-
-
-def starting(deployment: Mapping[str, Any]) -> bool:
-    """Pods not ready yet, and the Deployment still within its progress deadline: starting, not failing. A pod that
-    breaks after the rollout completed is not starting (the controller leaves NewReplicaSetAvailable in place)."""
-    st = deployment.get("status") or {}
-    generation = (deployment.get("metadata") or {}).get("generation")
-    if generation is not None and (st.get("observedGeneration") or 0) < generation:
-        return True  # the controller has not looked at this spec yet
-    progressing: Mapping[str, Any] = next((c for c in st.get("conditions") or [] if c.get("type") == "Progressing"), {})
-    return progressing.get("status") == "True" and progressing.get("reason") in _IN_PROGRESS
+        return "True", "AllReplicasReady", f"{ready}/{desired} {workload} {unit} ready"
+    if progress.starting:
+        return "False", "Starting", f"{ready}/{desired} {workload} {unit} ready, within the progress deadline"
+    return "False", "ReplicasNotReady", f"{ready}/{desired} {workload} {unit} ready, {updated} updated"
 
 
 class _Conditions:
@@ -194,7 +169,7 @@ class _Conditions:
 
 def compute(
     serving: Serving,
-    deployments: Mapping[str, Mapping[str, Any] | None],
+    observed: Mapping[str, Mapping[str, Any] | None],
     previous: DisaggregatedServingStatus | None,
     at: str | None = None,
     pods: Iterable[Mapping[str, Any]] = (),
@@ -202,7 +177,8 @@ def compute(
     auto_threshold: int | None = None,
     calibration: RecomputeCalibration | None = None,
 ) -> DisaggregatedServingStatus:
-    """The parent's status; `deployments` maps prefill/decode/router to the observed Deployment (or None), `pods`
+    """The parent's status; `observed` maps prefill/decode/router to its observed workload (workloads.observed; None
+    when missing): a Deployment, or a LeaderWorkerSet for a role whose instances span nodes; `pods`
     are the observed engine pods (their preflight reports make FabricReady), `fabric_reports` the data of the fabric
     ConfigMap the routers write (KVTransferHealthy, and DisaggregationVerified with the pods' IPs); with
     recomputeThreshold: Auto, `auto_threshold` and `calibration` are what duplex.auto_threshold decided."""
@@ -210,15 +186,19 @@ def compute(
     spec, gen = serving.spec, serving.generation
     at = at or now()
     condition = _Conditions(previous, gen, at)
-    desired = {r: replicas.desired(serving, r, deployments.get(r)) for r in replicas.ROLES}
+    desired = {r: replicas.desired(serving, r, observed.get(r)) for r in replicas.ROLES}
     desired["router"] = spec.router.replicas
-    roles = {w: role_status(desired[w], deployments.get(w)) for w in WORKLOADS}
+    deadlines = {r: getattr(spec, r).rollout.progress_deadline_seconds for r in replicas.ROLES}
+    progress = {
+        w: workloads.progress(workloads.kind(serving, w), observed.get(w), at, deadlines.get(w)) for w in WORKLOADS
+    }
+    roles = {w: role_status(desired[w], progress[w]) for w in WORKLOADS}
     role_conditions = []
     for w in WORKLOADS:
-        st, reason, msg = _role_condition(w, roles[w], deployments.get(w))
+        st, reason, msg = _role_condition(w, desired[w], progress[w])
         role_conditions.append(condition(ROLE_CONDITIONS[w], st, reason, msg))
     not_ready = [c.type for c in role_conditions if c.status != "True"]
-    rolling = [w for w in WORKLOADS if roles[w].updated_replicas < desired[w] or outdated_pods(deployments.get(w))]
+    rolling = [w for w in WORKLOADS if progress[w].updated < desired[w] or progress[w].outdated]
     conditions = [
         condition(
             "Ready",

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from duplex import auto_threshold, kv_change, lockstep, planner, replicas, revision, scale_in
+from duplex import auto_threshold, kv_change, lockstep, planner, replicas, revision, scale_in, workloads
 from duplex import status as status_of
 from duplex.api.status import DisaggregatedServingStatus, EngineChange
 from duplex.children.kinds import CONFIG_MAP, DEPLOYMENT, POD, SECRET, WORKLOAD_KINDS, apply_rank, kind_of
@@ -89,7 +89,8 @@ def sync(
     fabric = _fabric_reports(serving, observed)
     auto = auto_threshold.decide(serving.spec, last.effective_kv if last else None, fabric, at)
     threshold = auto.value if auto else None
-    # Roles in scaling.mode Automatic: replicas from the routers' load (duplex.planner).
+    # Roles in scaling.mode Automatic: replicas from the routers' load (duplex.planner). `live` holds Deployments
+    # only: the planner, the replicas hand-over and KV revisions do not know LeaderWorkerSets yet (issue 28).
     live = _deployments(serving, observed)
     reports = status_of.fresh_reports(fabric, at)
     planned = planner.plan(serving, live, reports, last.autoscaling if last else None, at)
@@ -107,9 +108,11 @@ def sync(
     to_create = [o for o in to_apply if kind_of(o) is SECRET and key(o) not in seen]
     to_apply = [o for o in to_apply if kind_of(o) is not SECRET and (key_uid or kind_of(o) not in WORKLOAD_KINDS)]
 
-    # 4. Status from the observed Deployments; the next pass sees what this one's writes did.
+    # 4. Status from the observed workloads (Deployments, or LeaderWorkerSets for roles whose instances span nodes);
+    # the next pass sees what this one's writes did.
     pods = [o for o in observed if o.get("kind") == POD.kind]
-    new = status_of.compute(serving, live, last, at, pods, fabric, threshold, auto.calibration if auto else None)
+    running = workloads.observed(serving, observed)
+    new = status_of.compute(serving, running, last, at, pods, fabric, threshold, auto.calibration if auto else None)
     change = _engine_change(serving, live, to_apply)
     # A scale-in of decode: the pods the fewest conversations are bound to go first (scale_in.py). In External mode
     # the operator cannot see a scale-in coming: the costs are kept current.

@@ -39,9 +39,11 @@ class Condition(_Status):
 
 
 class RoleStatus(_Status):
-    replicas: int = Field(0, description="Desired pods.")
-    ready_replicas: int = Field(0, description="Pods passing readiness.")
-    updated_replicas: int = Field(0, description="Pods on the current template.")
+    """Counts of pods, or of instances for a role whose instances span nodes (nodesPerInstance above 1)."""
+
+    replicas: int = Field(0, description="Desired pods (instances).")
+    ready_replicas: int = Field(0, description="Pods passing readiness (instances whose every pod does).")
+    updated_replicas: int = Field(0, description="Pods (instances) on the current template.")
     summary: str = Field("0/0", description="ready/desired, for printer columns.")
 
 
