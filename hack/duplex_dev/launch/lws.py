@@ -38,6 +38,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from duplex_dev import processes
 from duplex_dev.cluster import LocalCluster
+from duplex_dev.launch.operator import wait_established
 from duplex_dev.processes import LaunchError, free_port
 from duplex_dev.versions import built_tool, cache_dir, version
 
@@ -157,7 +158,8 @@ class LWSController:
         crds = self.release / "crds.yaml"
         names = [d["metadata"]["name"] for d in yaml.safe_load_all(crds.read_text()) if d]
         self._kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=duplex-dev", "-f", str(crds))
-        self._kubectl("wait", "--for=condition=Established", "--timeout=60s", *(f"crd/{n}" for n in names))
+        for name in names:  # polled: `kubectl wait` fails at once on a CRD whose status has no conditions yet
+            wait_established(lambda *args: self._kubectl(*args).stdout, name)
         return names
 
     def uninstall_crds(self) -> None:
