@@ -20,6 +20,12 @@ from duplex.children.roles import EngineRole
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"  # "0" on the leader
 EXCLUSIVE_TOPOLOGY_ANNOTATION = "leaderworkerset.sigs.k8s.io/exclusive-topology"
 LEADER_SELECTOR = {WORKER_INDEX_LABEL: "0"}  # added to the role Service's selector: routers see leaders only
+# How the ranks find their leader (LWS_LEADER_ADDRESS, <leader pod>.<subdomain>.<namespace>): through a headless
+# Service of each group, named after its leader pod, that LWS creates publishing not-ready pods. LWS's default
+# (Shared) would name one for the whole set after the set, that is after the role Service: LWS would find that name
+# taken and create none, and the ranks would look their leader up through the role Service, which publishes it
+# only once it is Ready, and it is Ready only once every rank has joined it.
+SUBDOMAIN_POLICY = "UniquePerReplica"
 # What a headless rank does without: it serves no HTTP (nothing to probe, nothing to drain: its leader holds the
 # instance) and no NIXL handshake (vLLM's scheduler, on the leader, serves the handshake of every rank).
 _LEADER_ONLY = ("ports", "startupProbe", "readinessProbe", "livenessProbe", "lifecycle")
@@ -52,7 +58,8 @@ def leader_worker_set(role: EngineRole, metadata: dict[str, Any], template: dict
     """The role's LeaderWorkerSet: `replicas` groups of nodesPerInstance pods, from the role's engine pod
     `template`. A group starts its workers as soon as its leader exists (LeaderCreated: the leader is Ready only
     once every rank has joined it), is recreated whole when one of its pods restarts (a lost rank breaks the
-    instance), and rolls by the role's rollout bounds counted in groups."""
+    instance), finds its leader through a Service of its own (SUBDOMAIN_POLICY), and rolls by the role's rollout
+    bounds counted in groups."""
     rollout = role.spec.rollout
     meta = copy.deepcopy(metadata)
     if role.spec.instance_topology_key:
@@ -62,6 +69,7 @@ def leader_worker_set(role: EngineRole, metadata: dict[str, Any], template: dict
         spec={
             "replicas": role.spec.replicas,
             "startupPolicy": "LeaderCreated",
+            "networkConfig": {"subdomainPolicy": SUBDOMAIN_POLICY},
             "rolloutStrategy": {
                 "type": "RollingUpdate",
                 "rollingUpdateConfiguration": {

@@ -121,6 +121,10 @@ def test_a_multinode_role_renders_a_leader_worker_set_and_no_deployment() -> Non
     assert body["leaderWorkerTemplate"]["restartPolicy"] == "RecreateGroupOnPodRestart"
     # Workers start with their leader, not after it is Ready: a leader is Ready only once every rank has joined.
     assert body["startupPolicy"] == "LeaderCreated"
+    # The ranks find their leader through a Service per group that publishes not-ready pods, which LWS names after
+    # the leader pod; with the Shared policy its name would be the set's, taken by the role Service (leaders only,
+    # and only once Ready).
+    assert body["networkConfig"] == {"subdomainPolicy": "UniquePerReplica"}
     assert body["rolloutStrategy"] == {
         "type": "RollingUpdate",
         "rollingUpdateConfiguration": {"maxSurge": 1, "maxUnavailable": 0},
