@@ -1,5 +1,6 @@
 """Fixtures for tests against the local control plane (duplex_dev.cluster.LocalCluster): one cluster per session, a fresh
-namespace per test, kubectl bound to the cluster, and the components' log tails attached to a failed test's report.
+namespace per test, kubectl bound to the cluster, the operator and the LeaderWorkerSet controller as host processes
+per module, and the components' log tails attached to a failed test's report.
 
 Missing binaries are a failure, never a skip: in CI because .ci/run must have built them, locally because the fix is
 one command (hack/setup.sh)."""
@@ -20,6 +21,7 @@ import pytest
 import yaml
 
 from duplex_dev.cluster import ClusterError, LocalCluster, tools
+from duplex_dev.launch.lws import LWSController, LWSMissing, lws_dir
 from duplex_dev.launch.operator import OPERATOR_USER, OperatorProcess, install_crd_and_rbac
 
 _CLUSTER = pytest.StashKey[LocalCluster]()
@@ -195,14 +197,48 @@ def namespace(cluster: LocalCluster, kubectl: Kubectl, request: pytest.FixtureRe
 
 
 @pytest.fixture(scope="module")
+def operator_flags() -> tuple[str, ...]:
+    """More flags for the module's operator (its policy: --allow-host-path ...); a module overrides this fixture."""
+    return ()
+
+
+@pytest.fixture(scope="module")
 def operator(
-    cluster: LocalCluster, kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory
+    cluster: LocalCluster,
+    kubectl: Kubectl,
+    tmp_path_factory: pytest.TempPathFactory,
+    operator_flags: tuple[str, ...],
 ) -> Iterator[OperatorProcess]:
     """The operator as a process of its own, logged in as its least-privilege user; one per test module. Its log
     tail goes to the teardown output."""
     install_crd_and_rbac(kubectl)
-    proc = OperatorProcess(cluster.kubeconfig_for_user(OPERATOR_USER), tmp_path_factory.mktemp("operator"))
+    proc = OperatorProcess(
+        cluster.kubeconfig_for_user(OPERATOR_USER), tmp_path_factory.mktemp("operator"), flags=operator_flags
+    )
     proc.start()
     yield proc
     print(f"----- operator log tail ({proc.log_path}) -----\n{proc.log_tail()}")
     proc.stop()
+
+
+@pytest.fixture(scope="module")
+def lws(cluster: LocalCluster) -> Iterator[LWSController]:
+    """The real LeaderWorkerSet controller (duplex_dev.launch.lws) on the host for one test module, its CRDs and
+    webhooks installed; the CRDs go again afterwards, as the other modules run without."""
+    try:
+        release = lws_dir()
+    except LWSMissing as err:
+        where = (
+            "CI: .ci/run's `make test` must have built it (hack/build-tools.sh builds it in `all`). "
+            if _in_ci()
+            else ""
+        )
+        pytest.fail(f"{where}{err}; the LeaderWorkerSet tests run the real controller, never skip", pytrace=False)
+    controller = LWSController(cluster, release)
+    controller.start()
+    try:
+        yield controller
+    finally:
+        print(f"----- lws controller log tail ({controller.log_path}) -----\n{controller.log_tail()}")
+        controller.stop()
+        controller.uninstall_crds()

@@ -3,19 +3,15 @@ one group of two gets its leader and worker StatefulSets and pods, each rank on 
 labels and environment the pod webhook adds, and reports the group ready; a deleted worker brings the whole group
 back with a new leader (RecreateGroupOnPodRestart).
 
-The controller's binary is built by hack/build-tools.sh; missing is a failure, never a skip (see conftest.py)."""
+The controller runs as conftest.py's `lws` fixture; its binary is built by hack/build-tools.sh, and missing is a
+failure, never a skip."""
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from duplex_dev.cluster import LocalCluster
-from duplex_dev.launch.lws import LWSController, LWSMissing, lws_dir
 
 pytestmark = pytest.mark.cluster
 
@@ -55,25 +51,6 @@ LWS = {
         },
     },
 }
-
-
-@pytest.fixture(scope="module")
-def lws(cluster: LocalCluster) -> Iterator[LWSController]:
-    """The controller on the host for this module; its CRDs go again afterwards, as the other modules run without."""
-    try:
-        release = lws_dir()
-    except LWSMissing as err:
-        ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-        where = "CI: .ci/run's `make test` must have built it (hack/build-tools.sh builds it in `all`). " if ci else ""
-        pytest.fail(f"{where}{err}; the LeaderWorkerSet tests run the real controller, never skip", pytrace=False)
-    controller = LWSController(cluster, release)
-    controller.start()
-    try:
-        yield controller
-    finally:
-        print(f"----- lws controller log tail ({controller.log_path}) -----\n{controller.log_tail()}")
-        controller.stop()
-        controller.uninstall_crds()
 
 
 def group_pods(kubectl, namespace: str) -> dict[str, dict]:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -56,12 +57,19 @@ class OperatorProcess:
     """One `duplex operator --all-namespaces` process with its own log; restartable."""
 
     def __init__(
-        self, kubeconfig: Path, log_dir: Path, resync_seconds: float = 2.0, workers: int | None = None
+        self,
+        kubeconfig: Path,
+        log_dir: Path,
+        resync_seconds: float = 2.0,
+        workers: int | None = None,
+        flags: Sequence[str] = (),
     ) -> None:
+        """`flags`: more of `duplex operator`'s flags, e.g. the policy's (--allow-host-path PREFIX)."""
         self.kubeconfig = kubeconfig
         self.log_path = log_dir / "operator.log"
         self.resync_seconds = resync_seconds
         self.workers = workers
+        self.flags = tuple(flags)
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
 
@@ -72,6 +80,7 @@ class OperatorProcess:
             "--kubeconfig", str(self.kubeconfig), "--metrics-port", str(self.metrics_port), "--health-port", "0",
             "--resync-seconds", str(self.resync_seconds),
             *(["--workers", str(self.workers)] if self.workers else []),
+            *self.flags,
         ]  # fmt: skip
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with open(self.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
