@@ -221,6 +221,16 @@ def operator(
     proc.stop()
 
 
+@pytest.fixture
+def op(operator: OperatorProcess) -> Iterator[OperatorProcess]:
+    """The operator, restarted if a previous test killed it. Its log tail goes to teardown output, which pytest
+    shows for failed tests."""
+    if not operator.alive():
+        operator.start()
+    yield operator
+    print(f"----- operator log tail ({operator.log_path}) -----\n{operator.log_tail()}")
+
+
 @pytest.fixture(scope="module")
 def lws(cluster: LocalCluster) -> Iterator[LWSController]:
     """The real LeaderWorkerSet controller (duplex_dev.launch.lws) on the host for one test module, its CRDs and

@@ -60,14 +60,6 @@ def without_the_crd_at_first(kubectl: Any) -> Iterator[None]:
 
 
 @pytest.fixture
-def op(operator: OperatorProcess) -> Iterator[OperatorProcess]:
-    if not operator.alive():
-        operator.start()
-    yield operator
-    print(f"----- operator log tail ({operator.log_path}) -----\n{operator.log_tail()}")
-
-
-@pytest.fixture
 def crd(kubectl: Any) -> None:
     install_crd(kubectl)
 

@@ -56,14 +56,6 @@ def without_lws_at_first(kubectl: Any) -> Iterator[None]:
     yield
 
 
-@pytest.fixture
-def op(operator: OperatorProcess) -> Iterator[OperatorProcess]:
-    if not operator.alive():
-        operator.start()
-    yield operator
-    print(f"----- operator log tail ({operator.log_path}) -----\n{operator.log_tail()}")
-
-
 def serving(namespace: str) -> dict[str, Any]:
     doc: dict[str, Any] = copy.deepcopy(EXAMPLE)
     doc["metadata"]["namespace"] = namespace

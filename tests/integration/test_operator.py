@@ -11,7 +11,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,16 +61,6 @@ RESYNC_SECONDS = 2.0  # the harness's --resync-seconds
 # A bound on a restarted operator's start (imports, login, LIST and WATCH of every kind): seconds when the machine
 # is quiet, but over a minute has been seen on a 2-core machine shared with CPU vLLM engines.
 START_TIMEOUT = 180.0
-
-
-@pytest.fixture
-def op(operator: OperatorProcess) -> Iterator[OperatorProcess]:
-    """The operator, restarted if a previous test killed it. Its log tail goes to teardown output, which pytest
-    shows for failed tests."""
-    if not operator.alive():
-        operator.start()
-    yield operator
-    print(f"----- operator log tail ({operator.log_path}) -----\n{operator.log_tail()}")
 
 
 def seed(namespace: str, **spec_overrides: Any) -> dict[str, Any]:
