@@ -10,6 +10,10 @@ reached (nobody is left to read the blocks), or at `--deadline` (the serving's d
 leaves vLLM time to shut down after it). For a prefill pod the router answers `held` 1 while no other prefill pod of
 the revision new turns go to serves (it keeps taking turns as the last resort), 0 once one does.
 
+A worker rank of a multi-node instance (`--leader-env`) serves nothing itself: its engine is its leader's, and the
+leader needs every rank while it drains. It holds while the leader still answers /health, and lets go once the
+leader's engine has stopped (or at `--deadline`, the leader's hook and shutdown together).
+
 Standard library only: it runs in the engine image's Python, from the ConfigMap that also carries the engine guard.
 """
 
@@ -86,15 +90,55 @@ def wait(
     return "deadline"
 
 
+def leader_answers(url: str, timeout: float = 3.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except (OSError, ValueError):  # URLError, HTTPError (an engine that failed answers 5xx), a closed port
+        return False
+
+
+def hold_while_leader(
+    url: str,
+    deadline_seconds: float,
+    interval: float = INTERVAL_SECONDS,
+    clock: Any = time.monotonic,
+    sleep: Any = time.sleep,
+    answers: Any = leader_answers,
+) -> str:
+    """Poll the leader's `url` until it has failed UNREACHABLE_TRIES times in a row (leader gone) or the deadline."""
+    start, failures = clock(), 0
+    while clock() - start < deadline_seconds:
+        failures = 0 if answers(url) else failures + 1
+        if failures >= UNREACHABLE_TRIES:
+            return "leader gone"
+        sleep(interval)
+    return "deadline"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--router", required=True, help="the router's admin URL")
+    parser.add_argument("--router", help="the router's admin URL (an engine pod serving HTTP)")
+    parser.add_argument("--leader-env", help="a worker rank: the variable holding its leader's address")
     parser.add_argument("--port", type=int, default=8000, help="the engine's HTTP port")
     parser.add_argument("--deadline", type=float, required=True, help="seconds to hold the pod at most")
     parser.add_argument("--active", type=float, default=None, help="seconds within which a binding counts")
     parser.add_argument("--host-env", default="VLLM_NIXL_SIDE_CHANNEL_HOST", help="variable holding the pod IP")
     parser.add_argument("--key-env", default="VLLM_API_KEY", help="variable holding the engine key")
     args = parser.parse_args(argv)
+    if args.leader_env:
+        leader = os.environ.get(args.leader_env, "")
+        if not leader:
+            say(f"{args.leader_env} is not set: not waiting")
+            return 0
+        url = f"http://{f'[{leader}]' if ':' in leader else leader}:{args.port}/health"
+        started = time.monotonic()
+        say(f"holding this rank while its leader {url} answers (at most {args.deadline:g} s)")
+        why = hold_while_leader(url, args.deadline)
+        say(f"{why} after {time.monotonic() - started:.1f} s")
+        return 0
+    if not args.router:
+        parser.error("--router or --leader-env is required")
     host = os.environ.get(args.host_env, "")
     if not host:
         say(f"{args.host_env} is not set: not waiting")

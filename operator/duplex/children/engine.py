@@ -176,7 +176,7 @@ def engine_workload(
     template = engine_pod_template(spec, serving, namespace, role, key_uid)
     meta = {"name": child_name(serving, role.name), "namespace": namespace, "labels": labels(serving, role.name)}
     if role.multinode:
-        return lws.leader_worker_set(role, meta, template)
+        return lws.leader_worker_set(role, meta, template, lifecycle.worker_pre_stop(spec, role.name))
     # scaling.mode External: another controller writes replicas (the operator hands them over, duplex.replicas).
     mode = role.spec.scaling.mode
     replicas = {} if mode == "External" else {"replicas": role.spec.replicas}

@@ -9,6 +9,9 @@
   prefill.drain.deadlineSeconds; the routers give it new legs only when nothing else is left. A rollout's surge pod is
   Ready first, so the hook returns at once then. After SIGTERM, --shutdown-timeout keeps it stepping until decode has
   pulled what it prefilled, which the block lease bounds.
+* Worker ranks of a multi-node instance (a LeaderWorkerSet): a preStop hook (the same script, `--leader-env`) holds
+  a rank while its leader still answers, so that a group going as a unit keeps its instance whole while the leader
+  drains; the rank's deadline is the leader's hook and shutdown together.
 * Router: a preStop sleep lets the endpoint controller and every node's kube-proxy take the pod out of the
   Service before it stops listening; on SIGTERM it stops accepting and lets requests and streams in flight finish
   (router config shutdown_grace_seconds).
@@ -30,6 +33,7 @@ LEASE_MARGIN_SECONDS = 10  # beyond prefill's block lease: decode's pull and its
 EXIT_MARGIN_SECONDS = 10  # for vLLM to tear down after its shutdown timeout
 ROUTER_UNLIST_SECONDS = 5  # the router's preStop sleep: its endpoint leaves every node's kube-proxy meanwhile
 ROUTER_SHUTDOWN_SECONDS = 120  # a streamed agent turn in flight when the router is told to stop
+LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"  # what LWS's pod webhook gives every rank of a group
 
 
 def drain_service_name(serving: str) -> str:
@@ -85,3 +89,13 @@ def router_grace_seconds() -> int:
 
 def router_pre_stop() -> dict[str, Any]:
     return {"sleep": {"seconds": ROUTER_UNLIST_SECONDS}}
+
+
+def worker_pre_stop(spec: DisaggregatedServingSpec, role: str) -> dict[str, Any] | None:
+    """A worker rank's preStop hook (None when its role does not drain): hold while the leader answers, for as long
+    as the leader's own hook and shutdown may take; the rank's grace period (grace_seconds) leaves the exit margin."""
+    if not drains(spec, role):
+        return None
+    deadline = drain_deadline(spec, role) + shutdown_timeout(spec, role)
+    command = ["python3", f"{MOUNT_PATH}/{DRAIN_SCRIPT}", "--leader-env", LEADER_ADDRESS_ENV]
+    return {"exec": {"command": [*command, "--port", str(HTTP_PORT), "--deadline", str(deadline)]}}

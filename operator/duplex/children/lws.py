@@ -26,8 +26,9 @@ LEADER_SELECTOR = {WORKER_INDEX_LABEL: "0"}  # added to the role Service's selec
 # taken and create none, and the ranks would look their leader up through the role Service, which publishes it
 # only once it is Ready, and it is Ready only once every rank has joined it.
 SUBDOMAIN_POLICY = "UniquePerReplica"
-# What a headless rank does without: it serves no HTTP (nothing to probe, nothing to drain: its leader holds the
-# instance) and no NIXL handshake (vLLM's scheduler, on the leader, serves the handshake of every rank).
+# What a headless rank does without: it serves no HTTP (nothing to probe; its leader drains the instance, and the
+# rank's own hook only holds it while the leader answers) and no NIXL handshake (vLLM's scheduler, on the leader,
+# serves the handshake of every rank).
 _LEADER_ONLY = ("ports", "startupProbe", "readinessProbe", "livenessProbe", "lifecycle")
 
 
@@ -42,7 +43,9 @@ def launch_args(role: EngineRole, leader: bool) -> list[str]:
     return args if leader else [*args, "--headless"]
 
 
-def _rank_template(role: EngineRole, template: dict[str, Any], leader: bool) -> dict[str, Any]:
+def _rank_template(
+    role: EngineRole, template: dict[str, Any], leader: bool, worker_pre_stop: dict[str, Any] | None = None
+) -> dict[str, Any]:
     out = copy.deepcopy(template)
     pod = out["spec"]
     engine = next(c for c in pod["containers"] if c["name"] == "vllm")
@@ -50,16 +53,24 @@ def _rank_template(role: EngineRole, template: dict[str, Any], leader: bool) -> 
     if not leader:
         for key in _LEADER_ONLY:
             engine.pop(key, None)
+        if worker_pre_stop is not None:
+            engine["lifecycle"] = {"preStop": worker_pre_stop}
     out["metadata"]["annotations"][ENGINE_HASH_ANNOTATION] = config_hash(pod)
     return out
 
 
-def leader_worker_set(role: EngineRole, metadata: dict[str, Any], template: dict[str, Any]) -> dict[str, Any]:
+def leader_worker_set(
+    role: EngineRole,
+    metadata: dict[str, Any],
+    template: dict[str, Any],
+    worker_pre_stop: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The role's LeaderWorkerSet: `replicas` groups of nodesPerInstance pods, from the role's engine pod
     `template`. A group starts its workers as soon as its leader exists (LeaderCreated: the leader is Ready only
     once every rank has joined it), is recreated whole when one of its pods restarts (a lost rank breaks the
     instance), finds its leader through a Service of its own (SUBDOMAIN_POLICY), and rolls by the role's rollout
-    bounds counted in groups."""
+    bounds counted in groups. `worker_pre_stop`: the workers' hook (lifecycle.worker_pre_stop), which keeps a group
+    that goes as a unit whole while its leader drains."""
     rollout = role.spec.rollout
     meta = copy.deepcopy(metadata)
     if role.spec.instance_topology_key:
@@ -81,7 +92,7 @@ def leader_worker_set(role: EngineRole, metadata: dict[str, Any], template: dict
                 "size": role.spec.nodes_per_instance,
                 "restartPolicy": "RecreateGroupOnPodRestart",
                 "leaderTemplate": _rank_template(role, template, leader=True),
-                "workerTemplate": _rank_template(role, template, leader=False),
+                "workerTemplate": _rank_template(role, template, leader=False, worker_pre_stop=worker_pre_stop),
             },
         },
     )

@@ -175,9 +175,27 @@ def test_only_the_leader_serves_http_the_side_channel_probes_and_drains() -> Non
     lws = find(children(TWO_NODES), "LeaderWorkerSet", "demo-decode")
     leader, worker = engine(ranks(lws, "leader")), engine(ranks(lws, "worker"))
     assert {"startupProbe", "readinessProbe", "livenessProbe", "lifecycle"} <= set(leader)
-    assert not {"ports", "startupProbe", "readinessProbe", "livenessProbe", "lifecycle"} & set(worker)
+    assert not {"ports", "startupProbe", "readinessProbe", "livenessProbe"} & set(worker)
     # vLLM's scheduler, on the leader, serves the NIXL handshake of every rank on the one side-channel port.
     assert [(p["name"], p["containerPort"]) for p in leader["ports"]] == [("http", 8000), ("nixl-side", 5600)]
+
+
+def test_a_worker_rank_is_held_while_its_leader_answers_within_the_same_grace_period() -> None:
+    lws = find(children(TWO_NODES), "LeaderWorkerSet", "demo-decode")
+    leader_pod, worker_pod = ranks(lws, "leader")["spec"], ranks(lws, "worker")["spec"]
+    leader_hook = engine(ranks(lws, "leader"))["lifecycle"]["preStop"]["exec"]["command"]
+    worker_hook = engine(ranks(lws, "worker"))["lifecycle"]["preStop"]["exec"]["command"]
+    assert "--router" in leader_hook and "--router" not in worker_hook
+    assert worker_hook[worker_hook.index("--leader-env") + 1] == "LWS_LEADER_ADDRESS"
+    leader_deadline = int(leader_hook[leader_hook.index("--deadline") + 1])
+    worker_deadline = int(worker_hook[worker_hook.index("--deadline") + 1])
+    grace = worker_pod["terminationGracePeriodSeconds"]
+    assert grace == leader_pod["terminationGracePeriodSeconds"]
+    # The rank outlasts the leader's hook and its vLLM's shutdown, and still exits within its own grace period.
+    assert leader_deadline < worker_deadline < grace
+    undrained = {**TWO_NODES, "decode": {**TWO_NODES["decode"], "drain": {"deadlineSeconds": 0}}}
+    worker = engine(ranks(find(children(undrained), "LeaderWorkerSet", "demo-decode"), "worker"))
+    assert "lifecycle" not in worker
 
 
 def test_the_role_service_selects_leaders_only() -> None:

@@ -244,3 +244,32 @@ async def test_only_bindings_stored_within_the_active_window_hold_a_draining_pod
     assert released == "released"
     held = await asyncio.to_thread(duplex_drain.wait, rig.server.admin_url, d0, "engine-key", 0.5, 0.05, active=120.0)
     assert held == "deadline"
+
+
+async def test_a_worker_rank_is_held_while_its_leader_answers_and_let_go_once_it_stops(make_rig) -> None:
+    rig = await make_rig()
+    health = rig.d.url + "/health"
+    assert await asyncio.to_thread(duplex_drain.leader_answers, health)
+    rig.d.health_status = 503  # an engine whose core died answers, but not 200
+    assert not await asyncio.to_thread(duplex_drain.leader_answers, health)
+    assert not await asyncio.to_thread(duplex_drain.leader_answers, "http://127.0.0.1:1/health")
+
+    now = [0.0]
+    clock, sleep = (lambda: now[0]), (lambda s: now.__setitem__(0, now[0] + s))
+    up = iter([True, True, False, True] + [False] * 10)  # one failed probe is a blip, not a leader gone
+    assert duplex_drain.hold_while_leader(health, 60, 2.0, clock, sleep, lambda url: next(up)) == "leader gone"
+    assert now[0] == 2.0 * (4 + duplex_drain.UNREACHABLE_TRIES - 1)
+    now[0] = 0.0
+    assert duplex_drain.hold_while_leader(health, 30, 2.0, clock, sleep, lambda url: True) == "deadline"
+
+
+def test_the_hook_needs_a_router_or_a_leader(monkeypatch: pytest.MonkeyPatch) -> None:
+    said: list[str] = []
+    monkeypatch.setattr(duplex_drain, "say", said.append)
+    monkeypatch.delenv("LEADER", raising=False)
+    assert duplex_drain.main(["--leader-env", "LEADER", "--deadline", "5"]) == 0 and "not set" in said[-1]
+    monkeypatch.setenv("LEADER", "127.0.0.1")
+    assert duplex_drain.main(["--leader-env", "LEADER", "--port", "1", "--deadline", "0"]) == 0
+    assert said[-1].startswith("deadline after")
+    with pytest.raises(SystemExit):
+        duplex_drain.main(["--deadline", "5"])
