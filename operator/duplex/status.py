@@ -146,6 +146,13 @@ def _role_condition(workload: str, desired: int, progress: workloads.Progress) -
     return "False", "ReplicasNotReady", f"{ready}/{desired} {workload} {unit} ready, {updated} updated"
 
 
+def _named(ranks: list[str]) -> str:
+    if not ranks:
+        return ""
+    more = len(ranks) - workloads.NAMED_AT_MOST
+    return "; not ready: " + ", ".join(ranks[: workloads.NAMED_AT_MOST]) + (f" and {more} more" if more > 0 else "")
+
+
 class _Conditions:
     """Builds conditions that keep their lastTransitionTime while their status holds (API conventions)."""
 
@@ -196,6 +203,8 @@ def compute(
     role_conditions = []
     for w in WORKLOADS:
         st, reason, msg = _role_condition(w, desired[w], progress[w])
+        if st != "True" and progress[w].unit == "instances":
+            msg += _named(workloads.ranks_not_ready(serving.name, w, pods))
         role_conditions.append(condition(ROLE_CONDITIONS[w], st, reason, msg))
     not_ready = [c.type for c in role_conditions if c.status != "True"]
     rolling = [w for w in WORKLOADS if progress[w].updated < desired[w] or progress[w].outdated]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from duplex.children.kinds import DEPLOYMENT, LEADER_WORKER_SET, ChildKind
-from duplex.children.labels import child_name
+from duplex.children.labels import ROLE_LABEL, SERVING_LABEL, child_name
 from duplex.children.roles import EngineRole
 from duplex.converge import key
 from duplex.render import Serving
@@ -111,3 +111,26 @@ def _condition(st: Mapping[str, Any], ctype: str) -> Mapping[str, Any]:
 
 def _time(stamp: str) -> datetime.datetime:
     return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+
+
+GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+NAMED_AT_MOST = 5  # ranks named in a condition message
+
+
+def ranks_not_ready(serving: str, role: str, pods: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The pods of a multi-node role's groups that run but are not Ready, each with its group and rank, as
+    "<pod> (instance G rank R)", instance then rank order; terminating pods are left out (their group is going)."""
+    found = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if labels.get(SERVING_LABEL) != serving or labels.get(ROLE_LABEL) != role or meta.get("deletionTimestamp"):
+            continue
+        group, rank = labels.get(GROUP_INDEX_LABEL), labels.get(WORKER_INDEX_LABEL)
+        if group is None or rank is None:
+            continue
+        ready = _condition(pod.get("status") or {}, "Ready").get("status") == "True"
+        if not ready:
+            found.append((int(group), int(rank), f"{meta.get('name')} (instance {group} rank {rank})"))
+    return [name for *_, name in sorted(found)]

@@ -169,3 +169,46 @@ def test_the_leader_worker_set_waits_for_the_engine_key_like_the_deployments() -
     for rank in ("leaderTemplate", "workerTemplate"):
         annotations = lws["spec"]["leaderWorkerTemplate"][rank]["metadata"]["annotations"]
         assert annotations["duplex.dev/engine-key-uid"] == KEY_UID
+
+
+def rank_pod(group: int, rank: int, ready: bool, going: bool = False) -> dict[str, Any]:
+    """A pod of the decode LeaderWorkerSet's group `group`, as the pod watch delivers it (LWS's labels)."""
+    name = f"demo-decode-{group}" + (f"-{rank}" if rank else "")
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": "default",
+        "labels": {
+            "duplex.dev/serving": "demo",
+            "duplex.dev/role": "decode",
+            "leaderworkerset.sigs.k8s.io/group-index": str(group),
+            "leaderworkerset.sigs.k8s.io/worker-index": str(rank),
+        },
+    }
+    if going:
+        meta["deletionTimestamp"] = AT
+    ready_condition = {"type": "Ready", "status": "True" if ready else "False"}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "status": {"conditions": [ready_condition]}}
+
+
+def test_a_role_not_ready_names_its_ranks_not_ready() -> None:
+    pods = [rank_pod(0, 0, True), rank_pod(0, 1, True), rank_pod(1, 0, False), rank_pod(1, 1, False)]
+    pods.append(rank_pod(2, 1, False, going=True))  # a group going as a unit: not named
+    objs = live_children(lws_status(ready=1, updated=2, progressing_since=A_MINUTE_AGO)) + pods
+    st = status.patch_body(sync(parent(MULTINODE), objs, None, at=AT).status)
+    c = next(x for x in st["conditions"] if x["type"] == "DecodeReady")
+    assert c["message"] == (
+        "1/2 decode instances ready, within the progress deadline; "
+        "not ready: demo-decode-1 (instance 1 rank 0), demo-decode-1-1 (instance 1 rank 1)"
+    )
+    many = [rank_pod(g, r, False) for g in range(4) for r in range(2)]
+    assert workloads.ranks_not_ready("demo", "decode", many)[:2] == [
+        "demo-decode-0 (instance 0 rank 0)",
+        "demo-decode-0-1 (instance 0 rank 1)",
+    ]
+    objs = live_children(lws_status(ready=0, updated=2, progressing_since=A_MINUTE_AGO)) + many
+    c = next(
+        x
+        for x in status.patch_body(sync(parent(MULTINODE), objs, None, at=AT).status)["conditions"]
+        if x["type"] == "DecodeReady"
+    )
+    assert c["message"].endswith("demo-decode-2 (instance 2 rank 0) and 3 more")
