@@ -126,28 +126,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-env", default="VLLM_NIXL_SIDE_CHANNEL_HOST", help="variable holding the pod IP")
     parser.add_argument("--key-env", default="VLLM_API_KEY", help="variable holding the engine key")
     args = parser.parse_args(argv)
-    if args.leader_env:
-        leader = os.environ.get(args.leader_env, "")
-        if not leader:
-            say(f"{args.leader_env} is not set: not waiting")
-            return 0
-        url = f"http://{f'[{leader}]' if ':' in leader else leader}:{args.port}/health"
-        started = time.monotonic()
-        say(f"holding this rank while its leader {url} answers (at most {args.deadline:g} s)")
-        why = hold_while_leader(url, args.deadline)
-        say(f"{why} after {time.monotonic() - started:.1f} s")
-        return 0
-    if not args.router:
+    if not args.router and not args.leader_env:
         parser.error("--router or --leader-env is required")
-    host = os.environ.get(args.host_env, "")
+    env = args.leader_env or args.host_env
+    host = os.environ.get(env, "")
     if not host:
-        say(f"{args.host_env} is not set: not waiting")
+        say(f"{env} is not set: not waiting")
         return 0
-    endpoint = f"http://{f'[{host}]' if ':' in host else host}:{args.port}"
-    started = time.monotonic()
+    if args.leader_env:
+        health = _url(host, args.port) + "/health"
+        return _hold(
+            f"this rank while its leader {health} answers",
+            args.deadline,
+            lambda: hold_while_leader(health, args.deadline),
+        )
+    endpoint = _url(host, args.port)
     until = "no active conversation is bound to it" if args.active is not None else "the routers let it go"
-    say(f"holding {endpoint} until {until} (at most {args.deadline:g} s)")
-    why = wait(args.router, endpoint, os.environ.get(args.key_env) or None, args.deadline, active=args.active)
+    key = os.environ.get(args.key_env) or None
+    return _hold(
+        f"{endpoint} until {until}",
+        args.deadline,
+        lambda: wait(args.router, endpoint, key, args.deadline, active=args.active),
+    )
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def _hold(what: str, deadline: float, hold: Any) -> int:
+    started = time.monotonic()
+    say(f"holding {what} (at most {deadline:g} s)")
+    why = hold()
     say(f"{why} after {time.monotonic() - started:.1f} s")
     return 0
 
