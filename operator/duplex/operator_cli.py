@@ -92,6 +92,9 @@ def main(argv: list[str]) -> int:
     if args.workers:
         os.environ["DUPLEX_WORKERS"] = str(args.workers)
     import duplex.handlers  # noqa: F401  (registers the handlers)
+    from duplex import discovery_retry
+
+    discovery_retry.install()  # kopf may miss a CRD created while it runs (discovery_retry.py)
 
     if args.metrics_port:
         start_http_server(args.metrics_port)
