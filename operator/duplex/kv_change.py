@@ -36,6 +36,9 @@ KV_FLAGS = {
     "--speculative-config": "speculativeConfig",
     "--hf-overrides": "hfOverrides",
     "--disable-hybrid-kv-cache-manager": "hybridKVCacheManager",
+    # the layers each rank holds (vLLM sends pp_size with every block list)
+    "--pipeline-parallel-size": "pipelineParallelSize",
+    "-pp": "pipelineParallelSize",
 }
 KV_ENV = {"VLLM_ATTENTION_BACKEND": "attentionBackend"}
 KV_TRANSFER_KEYS = {"kv_connector": "kvConnector", "kv_buffer_device": "kvBufferDevice"}

@@ -9,6 +9,9 @@ decode pods at the same pace and keeps at least one of each until the new one is
 with prefill but no decode. The router sends each turn to one revision (the one the role Services name once it has
 both roles Ready), so the old pods still serve the turns of the old revision until they go.
 
+A role whose instances span nodes counts instances by their leaders: only a leader has the gate, and its containers
+are ready only once every rank of its instance has joined it.
+
 Once the other role has all its replicas' containers ready, every ready pod opens: a KV-compatible roll's surge pods
 and a scale-up open at once. Pure: pods in, status patches
 out; the gates are derived from the pods on every pass (no rollout state is kept anywhere).
@@ -22,6 +25,7 @@ from typing import Any
 
 from duplex.children.kinds import POD
 from duplex.children.labels import KV_REVISION_LABEL, ROLE_LABEL, SERVING_LABEL
+from duplex.children.lws import WORKER_INDEX_LABEL
 from duplex.revision import ENGINE_ROLES, GATE
 
 
@@ -31,7 +35,7 @@ def _condition(pod: Mapping[str, Any], kind: str) -> bool:
 
 
 def _members(serving: str, rev: str, pods: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
-    """The revision's pods by role, not on their way out, in name order."""
+    """The revision's pods by role, not on their way out, in name order; of a multi-node instance its leader."""
     out: dict[str, list[Mapping[str, Any]]] = {role: [] for role in ENGINE_ROLES}
     for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name"))):
         meta = pod.get("metadata") or {}
@@ -40,6 +44,7 @@ def _members(serving: str, rev: str, pods: Sequence[Mapping[str, Any]]) -> dict[
             labels.get(SERVING_LABEL) != serving
             or labels.get(KV_REVISION_LABEL) != rev
             or meta.get("deletionTimestamp")
+            or labels.get(WORKER_INDEX_LABEL, "0") != "0"
         ):
             continue
         role = labels.get(ROLE_LABEL)

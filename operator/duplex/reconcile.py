@@ -71,11 +71,11 @@ def _reconcile(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Mapping
     for pod in result.gates:  # the new KV revision's pods whose turn to be Ready has come (duplex.lockstep)
         kube.patch_pod_status(pod)
         metrics.WRITES.labels("gate", "Pod").inc()
-    handovers = {key(h.deployment): h for h in result.handover}
+    handovers = {key(h.workload): h for h in result.handover}
     for obj in result.apply:
         handover = handovers.get(key(obj))
         if handover and handover.before_apply:  # before the apply that drops the operator's claim on replicas
-            _hand_over(kube, handover.deployment)
+            _hand_over(kube, handover.workload)
         try:
             current[key(obj)] = kube.apply(obj)
         except ApiError as err:
@@ -84,8 +84,8 @@ def _reconcile(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Mapping
                 raise
             _missing_crd(kube, parent, obj)  # the rest of the pass goes on: deletes, status, Events
             continue
-        if handover and not handover.before_apply:  # the Deployment was just created with no replicas of its own
-            current[key(obj)] = _hand_over(kube, handover.deployment)
+        if handover and not handover.before_apply:  # the workload was just created with no replicas of its own
+            current[key(obj)] = _hand_over(kube, handover.workload)
         metrics.WRITES.labels("apply", obj["kind"]).inc()
         out.applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
     for obj in result.delete:
@@ -121,9 +121,9 @@ def _missing_crd(kube: Kube, parent: Mapping[str, Any], obj: dict[str, Any]) -> 
     kube.post_event(dict(parent), "Warning", "ExtensionMissing", message)
 
 
-def _hand_over(kube: Kube, deployment: dict[str, Any]) -> dict[str, Any]:
-    metrics.WRITES.labels("handover", deployment["kind"]).inc()
-    return kube.hand_over(deployment, replicas.HANDOVER)
+def _hand_over(kube: Kube, workload: dict[str, Any]) -> dict[str, Any]:
+    metrics.WRITES.labels("handover", workload["kind"]).inc()
+    return kube.hand_over(workload, replicas.HANDOVER)
 
 
 class ForeignSecret(ApiError):

@@ -2,8 +2,8 @@
 
 Fixed: the operator's apply carries `replicas` and wins; a value someone else wrote is set back, with an Event.
 External: the operator's apply leaves `replicas` out, so an HPA, KEDA or `kubectl scale` owns it through the
-Deployment's scale subresource. Server-side apply deletes a field its only manager stops applying, which would reset
-the Deployment to 1 replica, so before the first apply without it the field is applied at its live value by a
+Deployment's scale subresource (a LeaderWorkerSet's, in instances, for a role whose instances span nodes). Server-side
+apply deletes a field its only manager stops applying, which would reset the workload to 1 replica, so before the first apply without it the field is applied at its live value by a
 second field manager (HANDOVER); the operator's own claim then goes and the value stays. Pure: observed objects in,
 handovers, desired sizes and Events out.
 """
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from duplex.children.kinds import DEPLOYMENT
+from duplex import workloads
 from duplex.converge import APPLIED_HASH, key
 from duplex.render import Serving
 
@@ -24,10 +24,10 @@ ROLES = ("prefill", "decode")
 
 @dataclass(frozen=True)
 class Handover:
-    """`replicas` applied by the HANDOVER field manager: before the operator's apply when the Deployment exists (its
+    """`replicas` applied by the HANDOVER field manager: before the operator's apply when the workload exists (its
     live value, kept), after it when the apply creates it (the spec's starting size)."""
 
-    deployment: dict[str, Any]
+    workload: dict[str, Any]
     before_apply: bool
 
 
@@ -40,7 +40,7 @@ def external(serving: Serving, role: str) -> bool:
 
 
 def desired(serving: Serving, role: str, live: Mapping[str, Any] | None) -> int:
-    """The role's size as its writer wants it: the spec's, or in External and Automatic mode the live Deployment's
+    """The role's size as its writer wants it: the spec's, or in External and Automatic mode the live workload's
     (the planner's last decision is in it)."""
     spec_replicas = int(getattr(serving.spec, role).replicas)
     if mode(serving, role) != "Fixed" and live is not None:
@@ -54,16 +54,16 @@ def handovers(
     live: Mapping[str, Mapping[str, Any] | None],
     to_apply: list[dict[str, Any]],
 ) -> list[Handover]:
-    """One per External role whose Deployment this pass applies."""
+    """One per External role whose workload this pass applies."""
     applied = {key(o) for o in to_apply}
     out = []
     for role in ROLES:
-        ref = (DEPLOYMENT.api_version, DEPLOYMENT.kind, names[role])
-        if not external(serving, role) or ref not in applied:
+        kind = workloads.kind(serving, role)
+        if not external(serving, role) or (kind.api_version, kind.kind, names[role]) not in applied:
             continue
         current = live.get(role)
         meta = {"name": names[role], "namespace": serving.namespace}
-        body = DEPLOYMENT.manifest(meta, spec={"replicas": desired(serving, role, current)})
+        body = kind.manifest(meta, spec={"replicas": desired(serving, role, current)})
         out.append(Handover(body, before_apply=current is not None))
     return out
 
@@ -71,15 +71,15 @@ def handovers(
 def overwritten(
     serving: Serving, live: Mapping[str, Mapping[str, Any] | None], to_apply: list[dict[str, Any]]
 ) -> list[tuple[str, int, int]]:
-    """(role, live, spec) for each Fixed role whose Deployment holds exactly what the operator last applied but for
+    """(role, live, spec) for each Fixed role whose workload holds exactly what the operator last applied but for
     replicas: another writer changed them, and this pass sets them back."""
-    applied = {o["metadata"]["name"]: o for o in to_apply if o.get("kind") == DEPLOYMENT.kind}
+    applied = {key(o): o for o in to_apply}
     out = []
     for role in ROLES:
         current = live.get(role)
         if mode(serving, role) != "Fixed" or current is None:
             continue
-        mine = applied.get(current["metadata"]["name"])
+        mine = applied.get(key(dict(current)))
         stamped = (current["metadata"].get("annotations") or {}).get(APPLIED_HASH)
         if mine is None or stamped != (mine["metadata"].get("annotations") or {}).get(APPLIED_HASH):
             continue

@@ -12,6 +12,10 @@ side by side until the old one retires (duplex/lockstep.py). Each engine pod car
 The role Services carry the revision new turns go to: Kubernetes copies a Service's labels onto its EndpointSlices,
 which the routers watch.
 
+A role whose instances span nodes (a LeaderWorkerSet) is stamped the same way, on both rank templates, with the gate
+on the leader only: the leader is the instance to the routers (the role Service selects leaders), it is Ready only
+once every rank has joined it, and LWS counts a group ready only when its leader is.
+
 Pods from before revisions (no label) keep running as they are while changes stay KV-compatible: stamping them
 would roll every engine on an operator upgrade. Their revision is "" until the next KV-incompatible change.
 """
@@ -25,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from duplex import kv_change
-from duplex.children.kinds import DEPLOYMENT, SERVICE, kind_of
+from duplex.children.kinds import DEPLOYMENT, LEADER_WORKER_SET, SERVICE, WORKLOAD_KINDS, ChildKind, kind_of
 from duplex.children.labels import ENGINE_HASH_ANNOTATION, KV_REVISION_LABEL, ROLE_LABEL, config_hash
 
 ENV = "DUPLEX_KV_REVISION"  # the engine guard and the simulator read it (duplex_sidecars.protocol names it too)
@@ -48,52 +52,72 @@ def of_template(template: Mapping[str, Any] | None) -> str | None:
     return str(((template.get("metadata") or {}).get("labels") or {}).get(KV_REVISION_LABEL, ""))
 
 
-def _template(deployment: Mapping[str, Any]) -> dict[str, Any]:
-    template: dict[str, Any] = deployment["spec"]["template"]
+def engine_template(workload: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The pod template that serves a workload's engine: a Deployment's, a LeaderWorkerSet's leader's (None: no
+    workload, or not one of these kinds)."""
+    spec = (workload or {}).get("spec") or {}
+    kind = kind_of(dict(workload or {}))
+    if kind is LEADER_WORKER_SET:
+        template: dict[str, Any] | None = (spec.get("leaderWorkerTemplate") or {}).get("leaderTemplate")
+        return template
+    return spec.get("template") if kind is DEPLOYMENT else None
+
+
+def _worker_template(workload: Mapping[str, Any]) -> dict[str, Any] | None:
+    if kind_of(dict(workload)) is not LEADER_WORKER_SET:
+        return None
+    template: dict[str, Any] | None = (workload["spec"].get("leaderWorkerTemplate") or {}).get("workerTemplate")
     return template
 
 
-def _engine_role(obj: Mapping[str, Any], kind: Any) -> str | None:
+def _engine_role(obj: Mapping[str, Any], kinds: tuple[ChildKind, ...]) -> str | None:
     role = ((obj.get("metadata") or {}).get("labels") or {}).get(ROLE_LABEL)
-    return role if kind_of(dict(obj)) is kind and role in ENGINE_ROLES else None
+    return role if kind_of(dict(obj)) in kinds and role in ENGINE_ROLES else None
 
 
 def stamp(children: Sequence[dict[str, Any]], legacy: bool = False) -> list[dict[str, Any]]:
-    """The children with both engine Deployments' pods stamped with their revision, and the role Services labelled
+    """The children with both engine workloads' pods stamped with their revision, and the role Services labelled
     with it. `legacy`: the live engines predate revisions and this change keeps their KV: leave the pods unstamped
     (revision "") so that nothing rolls."""
     out = [copy.deepcopy(c) for c in children]
-    engines = {role: c for c in out if (role := _engine_role(c, DEPLOYMENT))}
+    engines = {role: c for c in out if (role := _engine_role(c, WORKLOAD_KINDS))}
     if set(engines) != set(ENGINE_ROLES):
         return out
-    rev = "" if legacy else of({role: _template(d) for role, d in engines.items()})
-    for deployment in engines.values():
-        if not legacy:
-            _stamp_template(_template(deployment), rev)
-    for service in (c for c in out if _engine_role(c, SERVICE)):
+    templates = {role: engine_template(w) for role, w in engines.items()}
+    rev = "" if legacy else of({role: t for role, t in templates.items() if t is not None})
+    for role, workload in engines.items():
+        if legacy:
+            continue
+        _stamp_template(templates[role] or {}, rev, gate=True)
+        if (worker := _worker_template(workload)) is not None:
+            _stamp_template(worker, rev, gate=False)  # the leader answers for its instance
+    for service in (c for c in out if _engine_role(c, (SERVICE,))):
         service["metadata"].setdefault("labels", {})[KV_REVISION_LABEL] = rev
     return out
 
 
-def _stamp_template(template: dict[str, Any], rev: str) -> None:
+def _stamp_template(template: dict[str, Any], rev: str, gate: bool) -> None:
     template["metadata"].setdefault("labels", {})[KV_REVISION_LABEL] = rev
     spec = template["spec"]
     for container in spec["containers"]:
         if container.get("name") == "vllm":
             container.setdefault("env", []).append({"name": ENV, "value": rev})
-    spec["readinessGates"] = [{"conditionType": GATE}]
+    if gate:
+        spec["readinessGates"] = [{"conditionType": GATE}]
     template["metadata"].setdefault("annotations", {})[ENGINE_HASH_ANNOTATION] = config_hash(spec)
 
 
 def predates(
     live: Mapping[str, Mapping[str, Any] | None], desired: Sequence[Mapping[str, Any]], decode_tp_below: bool
 ) -> bool:
-    """Whether the live engine pods predate revisions (an engine Deployment's template has no revision label) and
+    """Whether the live engine pods predate revisions (an engine workload's template has no revision label) and
     the desired templates keep their KV: then they stay unstamped (`stamp(legacy=True)`). `decode_tp_below`:
     kvTransfer.allowDecodeTPBelowPrefill."""
-    templates = {r: ((d or {}).get("spec") or {}).get("template") for r, d in live.items() if r in ENGINE_ROLES}
+    templates = {r: engine_template(w) for r, w in live.items() if r in ENGINE_ROLES}
     if not any(of_template(t) == "" for t in templates.values()):
         return False
-    wanted = {role: _template(c) for c in desired if (role := _engine_role(c, DEPLOYMENT))}
+    wanted = {
+        role: t for c in desired if (role := _engine_role(c, WORKLOAD_KINDS)) and (t := engine_template(c)) is not None
+    }
     change = kv_change.classify(templates, wanted, decode_tp_below)
     return change is None or change.verdict == "Compatible"

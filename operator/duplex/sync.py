@@ -89,9 +89,9 @@ def sync(
     fabric = _fabric_reports(serving, observed)
     auto = auto_threshold.decide(serving.spec, last.effective_kv if last else None, fabric, at)
     threshold = auto.value if auto else None
-    # Roles in scaling.mode Automatic: replicas from the routers' load (duplex.planner). `live` holds Deployments
-    # only: the planner, the replicas hand-over and KV revisions do not know LeaderWorkerSets yet (issue 28).
-    live = _deployments(serving, observed)
+    # Roles in scaling.mode Automatic: replicas from the routers' load (duplex.planner). `live`: each workload as
+    # observed, of the kind the spec renders it as (a Deployment, or a LeaderWorkerSet counting instances).
+    live = workloads.observed(serving, observed)
     reports = status_of.fresh_reports(fabric, at)
     planned = planner.plan(serving, live, reports, last.autoscaling if last else None, at)
     sizes = planned.replicas if planned else None
@@ -111,15 +111,16 @@ def sync(
     # 4. Status from the observed workloads (Deployments, or LeaderWorkerSets for roles whose instances span nodes);
     # the next pass sees what this one's writes did.
     pods = [o for o in observed if o.get("kind") == POD.kind]
-    running = workloads.observed(serving, observed)
-    new = status_of.compute(serving, running, last, at, pods, fabric, threshold, auto.calibration if auto else None)
+    new = status_of.compute(serving, live, last, at, pods, fabric, threshold, auto.calibration if auto else None)
     change = _engine_change(serving, live, to_apply)
     # A scale-in of decode: the pods the fewest conversations are bound to go first (scale_in.py). In External mode
-    # the operator cannot see a scale-in coming: the costs are kept current.
+    # the operator cannot see a scale-in coming: the costs are kept current. A LeaderWorkerSet removes its
+    # highest-numbered instances whatever their cost: their leaders' drain moves what they hold.
     live_decode = ((live.get("decode") or {}).get("spec") or {}).get("replicas")
     target = (planned.replicas if planned else {}).get("decode", serving.spec.decode.replicas)
     lowered = isinstance(live_decode, int) and target < live_decode
-    scaling_in = replicas.external(serving, "decode") or lowered
+    by_cost = workloads.kind(serving, "decode") is DEPLOYMENT
+    scaling_in = by_cost and (replicas.external(serving, "decode") or lowered)
     annotate = scale_in.deletion_costs(serving.name, scaling_in, pods, reports)
     gates = lockstep.gate_patches(serving.name, *_revision_sizes(desired, live), pods, at)
     names = status_of.deployment_names(serving)
@@ -168,14 +169,14 @@ def sync(
 def _revision_sizes(
     desired: Sequence[Mapping[str, Any]], live: Mapping[str, Mapping[str, Any] | None]
 ) -> tuple[str, dict[str, int]]:
-    """The desired KV revision and each engine role's replicas: the live Deployment's (an autoscaler may own them),
-    else the desired one's."""
+    """The desired KV revision and each engine role's replicas (pods, or instances of a LeaderWorkerSet): the live
+    workload's (an autoscaler may own them), else the desired one's."""
     rev, sizes = "", {}
     for obj in desired:
         role = ((obj.get("metadata") or {}).get("labels") or {}).get(ROLE_LABEL)
-        if kind_of(dict(obj)) is not DEPLOYMENT or role not in revision.ENGINE_ROLES:
+        if kind_of(dict(obj)) not in WORKLOAD_KINDS or role not in revision.ENGINE_ROLES:
             continue
-        rev = revision.of_template(obj["spec"]["template"]) or ""
+        rev = revision.of_template(revision.engine_template(obj)) or ""
         size = ((live.get(role) or {}).get("spec") or {}).get("replicas", obj["spec"].get("replicas", 1))
         sizes[role] = size if isinstance(size, int) else 1
     return rev, sizes
@@ -192,18 +193,18 @@ def _new_decision(last: DisaggregatedServingStatus | None, planned: planner.Plan
 def _engine_change(
     serving: Serving, live: Mapping[str, Mapping[str, Any] | None], to_apply: list[dict[str, Any]]
 ) -> kv_change.EngineChange | None:
-    """What applying the engine Deployments of this pass does to the KV of the pods they replace (None: no engine
+    """What applying the engine workloads of this pass does to the KV of the pods they replace (None: no engine
     pod rolls, or a first start)."""
     desired = {
-        workload: obj["spec"]["template"]
+        workload: template
         for obj in to_apply
-        if kind_of(obj) is DEPLOYMENT
+        if kind_of(obj) in WORKLOAD_KINDS and (template := revision.engine_template(obj)) is not None
         for workload, name in status_of.deployment_names(serving).items()
         if workload != "router" and obj["metadata"]["name"] == name
     }
     if not desired:
         return None
-    templates = {w: ((d or {}).get("spec") or {}).get("template") for w, d in live.items() if w != "router"}
+    templates = {w: revision.engine_template(d) for w, d in live.items() if w != "router"}
     return kv_change.classify(
         templates, desired, serving.spec.kv_transfer.allow_decode_tp_below_prefill, complete=_both(templates, desired)
     )
@@ -272,14 +273,6 @@ def _refused(
     write = status_of.differs(previous, status_of.patch_body(new))
     events = [Event("Warning", "ConfigInvalid", message)] if write else []
     return SyncResult(status=new, write_status=write, events=events, invalid=message)
-
-
-def _deployments(serving: Serving, observed: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any] | None]:
-    by_key = {key(dict(o)): o for o in observed}
-    return {
-        workload: by_key.get((DEPLOYMENT.api_version, DEPLOYMENT.kind, name))
-        for workload, name in status_of.deployment_names(serving).items()
-    }
 
 
 def _fabric_reports(serving: Serving, observed: Sequence[Mapping[str, Any]]) -> dict[str, str]:

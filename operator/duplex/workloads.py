@@ -11,6 +11,7 @@ from typing import Any
 
 from duplex.children.kinds import DEPLOYMENT, LEADER_WORKER_SET, ChildKind
 from duplex.children.labels import ROLE_LABEL, SERVING_LABEL, child_name
+from duplex.children.lws import GROUP_INDEX_LABEL, WORKER_INDEX_LABEL
 from duplex.children.roles import EngineRole
 from duplex.converge import key
 from duplex.render import Serving
@@ -113,8 +114,6 @@ def _time(stamp: str) -> datetime.datetime:
     return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
 
 
-GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
-WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 NAMED_AT_MOST = 5  # ranks named in a condition message
 
 

@@ -213,15 +213,17 @@ class ScalingSpec(Model):
 
     mode: Literal["Fixed", "External", "Automatic"] = Field(
         "Fixed",
-        description="Fixed: the operator keeps the role's Deployment at `replicas` and sets it back if anyone else "
-        "changes it (an Event says so). External: something else (a HorizontalPodAutoscaler, a KEDA ScaledObject, "
-        "kubectl scale) owns the Deployment's replicas through its scale subresource; the operator creates the "
-        "Deployment with `replicas`, then never writes them, and hands its ownership of the field over without "
-        "changing the value, so that switching modes scales nothing. Automatic: the operator's planner sets them "
-        "from the routers' measurements, between minReplicas and maxReplicas (spec.autoscaling).",
+        description="Fixed: the operator keeps the role's workload (its Deployment, or the LeaderWorkerSet of a role "
+        "whose instances span nodes) at `replicas` and sets it back if anyone else changes it (an Event says so). "
+        "External: something else (a HorizontalPodAutoscaler, a KEDA ScaledObject, kubectl scale) owns the "
+        "workload's replicas through its scale subresource; the operator creates the workload with `replicas`, then "
+        "never writes them, and hands its ownership of the field over without changing the value, so that switching "
+        "modes scales nothing. Automatic: the operator's planner sets them from the routers' measurements, between "
+        "minReplicas and maxReplicas (spec.autoscaling). Replicas count instances: pods, or groups of "
+        "nodesPerInstance pods.",
     )
-    min_replicas: int = Field(1, ge=0, le=1000, description="Automatic: the fewest pods the planner keeps.")
-    max_replicas: int = Field(8, ge=1, le=1000, description="Automatic: the most pods the planner asks for.")
+    min_replicas: int = Field(1, ge=0, le=1000, description="Automatic: the fewest instances the planner keeps.")
+    max_replicas: int = Field(8, ge=1, le=1000, description="Automatic: the most instances the planner asks for.")
 
     def bound(self, replicas: int) -> int:
         """`replicas` within minReplicas..maxReplicas."""
@@ -278,12 +280,13 @@ class RoleSpec(Model):
         1,
         ge=0,
         le=1000,
-        description="Engine pods of this role. With scaling.mode External: the size the role starts at.",
+        description="Engine instances of this role (a pod each, or nodesPerInstance pods). With scaling.mode "
+        "External: the size the role starts at.",
     )
     scaling: ScalingSpec = Field(default_factory=ScalingSpec, description="Who writes this role's replicas.")
 
     def starting_replicas(self) -> int:
-        """The size the role's Deployment is created with: `replicas`, within the planner's bounds when Automatic."""
+        """The size the role's workload is created with: `replicas`, within the planner's bounds when Automatic."""
         return self.scaling.bound(self.replicas) if self.scaling.mode == "Automatic" else self.replicas
 
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="vLLM --tensor-parallel-size.")
@@ -385,12 +388,6 @@ def _multinode_rules(role: str) -> tuple[Rule, ...]:
             holds=lambda r: (
                 r.accelerator.type != GPU or r.accelerator.count is not None or _ranks(r) % r.nodes_per_instance == 0
             ),
-        ),
-        Rule(
-            cel="self.nodesPerInstance == 1 || self.scaling.mode == 'Fixed'",
-            message=f"{role}.nodesPerInstance above 1 needs scaling.mode Fixed: the planner and the replicas "
-            "hand-over know Deployments only",
-            holds=lambda r: r.nodes_per_instance == 1 or r.scaling.mode == "Fixed",
         ),
         Rule(
             cel="!has(self.instanceTopologyKey) || self.nodesPerInstance > 1",

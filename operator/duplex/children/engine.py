@@ -175,13 +175,13 @@ def engine_workload(
     role = EngineRole.of(spec, role_name)
     template = engine_pod_template(spec, serving, namespace, role, key_uid)
     meta = {"name": child_name(serving, role.name), "namespace": namespace, "labels": labels(serving, role.name)}
-    if role.multinode:
-        return lws.leader_worker_set(role, meta, template, lifecycle.worker_pre_stop(spec, role.name))
     # scaling.mode External: another controller writes replicas (the operator hands them over, duplex.replicas).
     mode = role.spec.scaling.mode
     replicas = {} if mode == "External" else {"replicas": role.spec.replicas}
     if mode == "Automatic":
         replicas = {"replicas": planned if planned is not None else role.spec.starting_replicas()}
+    if role.multinode:
+        return lws.leader_worker_set(role, meta, template, replicas, lifecycle.worker_pre_stop(spec, role.name))
     return DEPLOYMENT.manifest(
         meta,
         spec={

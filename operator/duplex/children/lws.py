@@ -18,6 +18,7 @@ from duplex.children.labels import ENGINE_HASH_ANNOTATION, config_hash
 from duplex.children.roles import EngineRole
 
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"  # "0" on the leader
+GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"  # the instance
 EXCLUSIVE_TOPOLOGY_ANNOTATION = "leaderworkerset.sigs.k8s.io/exclusive-topology"
 LEADER_SELECTOR = {WORKER_INDEX_LABEL: "0"}  # added to the role Service's selector: routers see leaders only
 # How the ranks find their leader (LWS_LEADER_ADDRESS, <leader pod>.<subdomain>.<namespace>): through a headless
@@ -63,10 +64,11 @@ def leader_worker_set(
     role: EngineRole,
     metadata: dict[str, Any],
     template: dict[str, Any],
+    replicas: dict[str, int],
     worker_pre_stop: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The role's LeaderWorkerSet: `replicas` groups of nodesPerInstance pods, from the role's engine pod
-    `template`. A group starts its workers as soon as its leader exists (LeaderCreated: the leader is Ready only
+    """The role's LeaderWorkerSet: groups of nodesPerInstance pods, from the role's engine pod `template`;
+    `replicas`: {"replicas": groups}, or {} when another writer owns them (scaling.mode External). A group starts its workers as soon as its leader exists (LeaderCreated: the leader is Ready only
     once every rank has joined it), is recreated whole when one of its pods restarts (a lost rank breaks the
     instance), finds its leader through a Service of its own (SUBDOMAIN_POLICY), and rolls by the role's rollout
     bounds counted in groups. `worker_pre_stop`: the workers' hook (lifecycle.worker_pre_stop), which keeps a group
@@ -78,7 +80,7 @@ def leader_worker_set(
     return LEADER_WORKER_SET.manifest(
         meta,
         spec={
-            "replicas": role.spec.replicas,
+            **replicas,
             "startupPolicy": "LeaderCreated",
             "networkConfig": {"subdomainPolicy": SUBDOMAIN_POLICY},
             "rolloutStrategy": {

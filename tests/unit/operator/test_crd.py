@@ -221,7 +221,6 @@ VIOLATIONS: dict[str, list[dict[str, Any]]] = {
             {"nodesPerInstance": 2, "accelerator": {"type": "aws.amazon.com/neuron"}},
             {"nodesPerInstance": 2, "tensorParallelSize": 2, "accelerator": {"count": 2}},
             {"nodesPerInstance": 2},
-            {"nodesPerInstance": 2, "tensorParallelSize": 2, "scaling": {"mode": "External"}},
             {"instanceTopologyKey": "topology.k8s.aws/network-node-layer-3"},
         ]
         for cls in ("PrefillSpec", "DecodeSpec")

@@ -43,8 +43,8 @@ def test_switching_to_external_hands_replicas_over_at_their_live_value_before_th
     result = sync(external, live, READY, at=T1)
     assert "Deployment/demo-decode" in refs(result.apply)
     (handover,) = result.handover
-    assert handover.before_apply and handover.deployment["spec"] == {"replicas": 3}
-    assert handover.deployment["metadata"] == {"name": "demo-decode", "namespace": "ns1"}
+    assert handover.before_apply and handover.workload["spec"] == {"replicas": 3}
+    assert handover.workload["metadata"] == {"name": "demo-decode", "namespace": "ns1"}
 
     kube = RecordingKube(exists=True)
     reconcile_once(kube, {**external, "status": READY}, live)  # type: ignore[arg-type]
@@ -56,7 +56,7 @@ def test_an_external_role_is_created_then_given_its_starting_size() -> None:
     external = parent({"decode": {"replicas": 2, **EXTERNAL}})
     live = [o for o in observed(external) if o["metadata"]["name"] != "demo-decode" or o["kind"] != "Deployment"]
     (handover,) = sync(external, live, READY, at=T1).handover
-    assert not handover.before_apply and handover.deployment["spec"] == {"replicas": 2}
+    assert not handover.before_apply and handover.workload["spec"] == {"replicas": 2}
 
     kube = RecordingKube(exists=True)
     reconcile_once(kube, {**external, "status": READY}, live)  # type: ignore[arg-type]
@@ -78,7 +78,7 @@ def test_a_template_change_of_an_external_role_keeps_the_autoscalers_size() -> N
     live = edit(observed(external), "Deployment/demo-decode", scaled_to(4))
     changed = parent({"decode": {**EXTERNAL, "maxNumSeqs": 64}})
     (handover,) = sync(changed, live, READY, at=T1).handover
-    assert handover.before_apply and handover.deployment["spec"] == {"replicas": 4}
+    assert handover.before_apply and handover.workload["spec"] == {"replicas": 4}
 
 
 def test_a_fixed_role_scaled_by_someone_else_goes_back_with_a_warning() -> None:
