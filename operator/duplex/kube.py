@@ -19,6 +19,7 @@ from kubernetes import client, config
 from duplex.api.meta import API_VERSION, FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
 from duplex.apierrors import ApiError, Failure
 from duplex.children.kinds import POD, ChildKind, kind_of
+from duplex.event_cache import EventCache, Posted
 
 log = logging.getLogger("duplex.kube")
 
@@ -57,6 +58,7 @@ def _child_path(obj: dict[str, Any]) -> str:
 class Kube:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.api_client = api_client
+        self.events = EventCache()  # the Events posted lately, to count their repeats
 
     def _request(
         self,
@@ -161,32 +163,20 @@ class Kube:
             return None
 
     def post_event(self, parent: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        """A core/v1 Event on the parent; best effort: a pass never fails for an Event."""
+        """A core/v1 Event on the parent; best effort: a pass never fails for an Event. A repeat of an Event posted
+        lately (same type, reason and message) is counted on that Event rather than posted anew (event_cache.py)."""
         meta = parent["metadata"]
+        message = message[:1024]
+        key = (meta["uid"], type_, reason, message)
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
-            "involvedObject": {
-                "apiVersion": API_VERSION,
-                "kind": KIND,
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta["uid"],
-                **({"resourceVersion": meta["resourceVersion"]} if meta.get("resourceVersion") else {}),
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": type_,
-            "source": {"component": FIELD_MANAGER},
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-            "reportingComponent": FIELD_MANAGER,
-        }
+        name = f"{meta['name']}.{uuid.uuid4().hex[:12]}"
         try:
-            self._request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=event)
+            seen = self.events.observe(key, name, stamp)
+            if seen.count > 1:
+                if self._count_again(meta["namespace"], seen, stamp):
+                    return
+                seen = self.events.restart(key, name, stamp)
+            self._create_event(meta, type_, reason, message, seen)
         except ApiError as err:
             quiet = err.failure in (Failure.NAMESPACE_TERMINATING, Failure.NOT_FOUND)  # the parent goes with it
             log.log(
@@ -197,3 +187,40 @@ class Kube:
                 meta["name"],
                 err,
             )
+
+    def _count_again(self, namespace: str, seen: Posted, stamp: str) -> bool:
+        """Write a repeat's count on the Event it repeats; False if that Event is gone (expired or deleted)."""
+        path = f"/api/v1/namespaces/{namespace}/events/{seen.name}"
+        body = {"count": seen.count, "lastTimestamp": stamp}
+        try:
+            self._request("PATCH", path, body=body, content_type="application/merge-patch+json")
+        except ApiError as err:
+            if err.failure is not Failure.NOT_FOUND:
+                raise
+            return False
+        return True
+
+    def _create_event(self, meta: dict[str, Any], type_: str, reason: str, message: str, new: Posted) -> None:
+        """POST a new Event on the parent, as `new` names and dates it."""
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": new.name, "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+                **({"resourceVersion": meta["resourceVersion"]} if meta.get("resourceVersion") else {}),
+            },
+            "reason": reason,
+            "message": message,
+            "type": type_,
+            "source": {"component": FIELD_MANAGER},
+            "firstTimestamp": new.first,
+            "lastTimestamp": new.first,
+            "count": new.count,
+            "reportingComponent": FIELD_MANAGER,
+        }
+        self._request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=event)

@@ -24,8 +24,8 @@ def required() -> set[Permission]:
     out |= _all(GROUP, f"{PLURAL}/status", "patch")
     # The KV-revision readiness gate on engine pods (lockstep.py).
     out |= _all("", "pods/status", "patch")
-    # Events on the parent, ours and kopf's, are core/v1 Events.
-    out |= _all("", "events", "create")
+    # Events on the parent, ours and kopf's, are core/v1 Events; ours are patched to count a repeat.
+    out |= _all("", "events", "create", "patch")
     # kopf follows CRDs (to notice its resources change) and, when told which namespaces to serve, namespaces.
     out |= _all("apiextensions.k8s.io", "customresourcedefinitions", "list", "watch")
     out |= _all("", "namespaces", "list", "watch")

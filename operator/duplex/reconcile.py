@@ -1,5 +1,6 @@
 """One reconcile pass: the imperative shell around `sync`. It runs the pure core on what the watch observed, then
-does what the core decided: apply, delete, write status, post Events. Blocking I/O; the workers run it in a thread."""
+does what the core decided: apply, delete, write status, post Events (the core's, and an Applied Event naming the
+children the cluster took). Blocking I/O; the workers run it in a thread."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from duplex.children.kinds import CHILD_KINDS, SECRET, kind_of
 from duplex.converge import key, owned_by
 from duplex.kube import Kube
 from duplex.policy import Policy
-from duplex.sync import sync
+from duplex.sync import Event, sync
 
 log = logging.getLogger("duplex.reconcile")
 POLICY = Policy.from_env()  # the operator's flags (operator_cli), read once by its workers
@@ -103,10 +104,18 @@ def _reconcile(kube: Kube, parent: Mapping[str, Any], observed: Sequence[Mapping
     if result.write_status:
         kube.patch_status(ns, name, status.patch_body(result.status))
         out.status_written = True
-    for event in result.events:
+    for event in [*_applied_event(out), *result.events]:
         kube.post_event(dict(parent), event.type, event.reason, event.message)
     metrics.RECONCILES.labels("invalid" if result.invalid is not None else "ok").inc()
     return out
+
+
+def _applied_event(out: Outcome) -> list[Event]:
+    """The children this pass wrote, as the cluster took them: a child it refused is not named."""
+    if not (out.applied or out.deleted):
+        return []
+    changes = ", ".join([*out.applied, *(f"-{ref}" for ref in out.deleted)])
+    return [Event("Normal", "Applied", f"converged children: {changes}")]
 
 
 def _missing_crd(kube: Kube, parent: Mapping[str, Any], obj: dict[str, Any]) -> None:

@@ -136,9 +136,9 @@ def sync(
         )
     write = status_of.differs(previous, status_of.patch_body(new))
 
-    # 5. Events: what changed (and what a roll of engine pods does to their KV), new config warnings, and whether
-    # Ready flipped.
-    events = _applied_event(to_create + to_apply, to_delete)
+    # 5. Events: what a roll of engine pods does to their KV, new config warnings, and whether Ready flipped. The
+    # children written are the shell's to name (reconcile.py): only it knows which writes the cluster took.
+    events: list[Event] = []
     if planned is not None and planned.changes and _new_decision(last, planned):
         reason = "AutoscaleDryRun" if planned.status.dry_run else "Autoscaled"
         events.append(Event("Normal", reason, planner.message(planned.changes, planned.status)))
@@ -239,13 +239,6 @@ def _changes(
     )
 
 
-def _applied_event(to_apply: list[dict[str, Any]], to_delete: list[dict[str, Any]]) -> list[Event]:
-    if not (to_apply or to_delete):
-        return []
-    changes = ", ".join([*map(_ref, to_apply), *(f"-{_ref(o)}" for o in to_delete)])
-    return [Event("Normal", "Applied", f"converged children: {changes}")]
-
-
 def _warning_event(last: DisaggregatedServingStatus | None, new: DisaggregatedServingStatus) -> list[Event]:
     """Once per new set of warnings, not on every pass."""
     warning = status_of.config_warning(new)
@@ -281,7 +274,3 @@ def _fabric_reports(serving: Serving, observed: Sequence[Mapping[str, Any]]) -> 
         if o.get("kind") == CONFIG_MAP.kind and (o.get("metadata") or {}).get("name") == name:
             return dict(o.get("data") or {})
     return {}
-
-
-def _ref(obj: Mapping[str, Any]) -> str:
-    return f"{obj['kind']}/{obj['metadata']['name']}"

@@ -247,3 +247,17 @@ def test_without_the_crd_every_other_child_is_applied_and_the_pass_says_why_not_
     ]
     assert "InferencePool/demo-router" not in out.applied and out.status_written
     assert any(c[0] == "event" and "ExtensionMissing" in str(c) for c in kube.calls), kube.calls
+
+
+def test_without_the_crd_the_applied_event_names_only_what_the_cluster_took() -> None:
+    kube = NoPoolCRD()
+    reconcile.reconcile_once(kube, parent(ON), [o for o in LIVE if o["kind"] != "Deployment"])  # type: ignore[arg-type]
+    events = [c for c in kube.calls if c[0] == "event"]
+    assert events[:2] == [("event", "Warning/ExtensionMissing"), ("event", "Normal/Applied")], events
+    deployments = "Deployment/demo-prefill, Deployment/demo-decode, Deployment/demo-router"
+    assert kube.messages[1] == f"converged children: {deployments}"
+    # The next pass finds only the pool to apply: it says again what is missing, and that nothing was applied.
+    kube = NoPoolCRD()
+    reconcile.reconcile_once(kube, parent(ON), [o for o in observed(parent(ON)) if o["kind"] != "InferencePool"])  # type: ignore[arg-type]
+    events = [c for c in kube.calls if c[0] == "event"]
+    assert ("event", "Warning/ExtensionMissing") in events and ("event", "Normal/Applied") not in events, events

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sync_helpers import ALL, BAD, KEY_SECRET, LIVE, LOADING, READY, P, RecordingKube, stale
+from sync_helpers import ALL, BAD, KEY_SECRET, LIVE, LOADING, READY, UID, P, RecordingKube, stale
 
 from duplex.apierrors import ApiError, Failure
 from duplex.reconcile import ForeignSecret, reconcile_once
@@ -27,9 +27,10 @@ def test_a_new_parent_applies_everything_then_writes_status_then_posts_events() 
         ("create", KEY_SECRET),
         *(("apply", ref) for ref in ALL),
         ("status", "ns1/demo"),
-        ("event", "Normal/Applied"),
+        ("event", "Normal/Applied"),  # once, though the core ran again after the Secret's create
     ]
     assert outcome.applied == [KEY_SECRET, *ALL] and outcome.wrote and not outcome.ready
+    assert kube.messages == [f"converged children: {', '.join([KEY_SECRET, *ALL])}"]
     deployments = [o for o in kube.applied if o["kind"] == "Deployment"]
     assert deployments and all("uid-1" in str(d["spec"]["template"]) for d in deployments)  # they roll with it
     assert kube.created[0]["stringData"]["api-key"] not in str(kube.applied)  # the key never reaches an applied object
@@ -80,6 +81,15 @@ def test_stale_children_are_deleted_and_status_follows_readiness() -> None:
         ("event", "Normal/Applied"),
         ("event", "Normal/Ready"),
     ]
+
+
+def test_the_applied_event_names_each_child_written() -> None:
+    observed = [o for o in LIVE if (o["kind"], o["metadata"]["name"]) != ("ConfigMap", "demo-router")]
+    observed += [stale("ConfigMap", "v1", "demo-old", UID)]
+    kube = RecordingKube()
+    reconcile_once(kube, with_status(P, READY), observed)  # type: ignore[arg-type]
+    assert [c for c in kube.calls if c[0] == "event"] == [("event", "Normal/Applied")]
+    assert kube.messages == ["converged children: ConfigMap/demo-router, -ConfigMap/demo-old"]
 
 
 def test_a_refused_spec_only_writes_status_and_warns() -> None:
