@@ -148,6 +148,13 @@ def sync(
             f"back to {ours}. Set the mode to External to let an autoscaler own the replicas."
         )
         events.append(Event("Warning", "ReplicasOverwritten", message))
+    for role, old in workloads.replaced(serving, to_delete):
+        message = (
+            f"{old['kind']}/{old['metadata']['name']} goes: spec.{role}.nodesPerInstance makes the role a "
+            f"{workloads.kind(serving, role).kind}. Its pods stop now, so {role} serves nothing until the new "
+            "instances are Ready, and each conversation recomputes once on them"
+        )
+        events.append(Event("Warning", "WorkloadReplaced", message))
     if change is not None:
         reason = f"EngineChangeKV{change.verdict}"
         events.append(Event("Normal" if change.verdict == "Compatible" else "Warning", reason, change.message()))

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from duplex.children.kinds import DEPLOYMENT, LEADER_WORKER_SET, ChildKind
+from duplex.children.kinds import DEPLOYMENT, LEADER_WORKER_SET, WORKLOAD_KINDS, ChildKind
 from duplex.children.labels import ROLE_LABEL, SERVING_LABEL, child_name
 from duplex.children.lws import GROUP_INDEX_LABEL, WORKER_INDEX_LABEL
 from duplex.children.roles import EngineRole
@@ -39,6 +39,22 @@ def observed(serving: Serving, objs: Sequence[Mapping[str, Any]]) -> dict[str, M
     for workload in WORKLOADS:
         k = kind(serving, workload)
         out[workload] = by_key.get((k.api_version, k.kind, child_name(serving.name, workload)))
+    return out
+
+
+def replaced(serving: Serving, to_delete: Sequence[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any]]]:
+    """(role, workload) for each engine workload deleted because its role is now rendered as the other kind
+    (nodesPerInstance moved between 1 and more): the role has no pods of its own until its new workload's are Ready."""
+    out = []
+    for obj in to_delete:
+        for role in ("prefill", "decode"):
+            named = (obj.get("metadata") or {}).get("name") == child_name(serving.name, role)
+            if (
+                named
+                and obj.get("kind") in {k.kind for k in WORKLOAD_KINDS}
+                and obj.get("kind") != kind(serving, role).kind
+            ):
+                out.append((role, obj))
     return out
 
 

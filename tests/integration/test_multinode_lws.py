@@ -22,6 +22,8 @@ import pytest
 import yaml
 from operator_harness import ROOT, OperatorProcess
 
+from duplex.api.meta import FIELD_MANAGER
+from duplex.replicas import HANDOVER
 from duplex_dev.launch.lws import LWSController
 
 pytestmark = pytest.mark.cluster
@@ -41,6 +43,8 @@ NODES = EXAMPLE["spec"]["decode"]["nodesPerInstance"]
 HOLD = "duplex.test/hold"
 # What the kubelet reports of a pod whose containers it is stopping; kwok leaves a terminating pod Ready.
 STOPPING = [{"type": t, "status": "False", "reason": "Stopping"} for t in ("Ready", "ContainersReady")]
+REVISION = "duplex.dev/kv-revision"
+GATE = "duplex.dev/kv-paired"
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +139,21 @@ def endpoint_pods(kubectl: Any, namespace: str, service: str) -> dict[str, str] 
         if (ep.get("conditions") or {}).get("ready") and (ep.get("targetRef") or {}).get("kind") == "Pod"
     }
     return out or None
+
+
+def paired(kubectl: Any, namespace: str, pod: str) -> bool:
+    found = get(kubectl, namespace, "pod", pod)
+    opened = condition(found or {}, GATE)
+    return opened.get("status") == "True" and opened.get("reason") == "Paired"
+
+
+def replicas_managers(workload: dict[str, Any]) -> set[str]:
+    """The field managers that own the workload's spec.replicas (server-side apply's managedFields)."""
+    return {
+        entry["manager"]
+        for entry in workload["metadata"].get("managedFields") or []
+        if "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {})
+    }
 
 
 def env(pod: dict[str, Any]) -> dict[str, str | None]:
@@ -233,6 +252,22 @@ def test_instances_are_groups_of_ranks_behind_their_leaders_and_recreated_whole(
             asked = ctr["resources"][bound]
             assert (asked.get("nvidia.com/gpu"), asked.get("vpc.amazonaws.com/efa")) == (GPUS, EFA), (name, bound)
 
+    # The KV revision (revision.py) on every rank and on the role Services; the readiness gate on the leaders only,
+    # which the operator opens once the other role has a ready instance (lockstep.py, counting leaders).
+    revs = {p["metadata"]["labels"].get(REVISION) for pods in groups.values() for p in pods.values()}
+    assert len(revs) == 1 and None not in revs and "" not in revs, revs
+    for role, pods in groups.items():
+        service = get(kubectl, namespace, "service", f"{NAME}-{role}")
+        assert service is not None and service["metadata"]["labels"][REVISION] in revs
+        for name, pod in pods.items():
+            gated = pod["spec"].get("readinessGates") == [{"conditionType": GATE}]
+            assert gated is (name == group(role)[0]), (name, pod["spec"].get("readinessGates"))
+        wait_for(
+            lambda role=role: paired(kubectl, namespace, group(role)[0]),
+            timeout=60,
+            what=f"the operator opening {group(role)[0]}'s {GATE} gate",
+        )
+
     # vLLM's multi-node launch, with what LWS's pod webhook put in the environment for the kubelet to expand.
     decode = groups["decode"]
     leader_name, (worker_name,) = group("decode")
@@ -324,3 +359,34 @@ def test_instances_are_groups_of_ranks_behind_their_leaders_and_recreated_whole(
     # The operator and LWS's defaulting never fought over the spec: it is as first applied.
     after = get(kubectl, namespace, "leaderworkerset", f"{NAME}-decode")
     assert after is not None and after["metadata"]["generation"] == decode_set["metadata"]["generation"] == 1
+
+
+def test_an_external_role_leaves_its_instances_to_the_sets_scale_subresource(
+    op: OperatorProcess, lws: LWSController, kubectl: Any, namespace: str, wait_for: Any
+) -> None:
+    """scaling.mode External on a multi-node role: the operator hands the LeaderWorkerSet's replicas over and an
+    autoscaler (here `kubectl scale`, through the scale subresource an HPA uses) sizes the role in instances; the
+    operator counts them in the status and never sets them back."""
+    doc = serving(namespace)
+    doc["spec"]["decode"]["scaling"] = {"mode": "External"}
+    kubectl.apply(doc)
+    decode = f"{NAME}-decode"
+
+    def handed_over() -> dict[str, Any] | None:
+        found = get(kubectl, namespace, "leaderworkerset", decode)
+        return found if found and replicas_managers(found) == {HANDOVER} else None
+
+    created = wait_for(handed_over, timeout=120, what=f"{decode}'s replicas owned by the hand-over manager only")
+    assert created["spec"]["replicas"] == 1  # the spec's starting size
+
+    kubectl("-n", namespace, "scale", "leaderworkerset", decode, "--replicas=2")
+
+    def counted() -> dict[str, Any] | None:
+        obj = dsv(kubectl, namespace)
+        decode_status = (obj.get("status") or {}).get("decode") or {}
+        return obj if decode_status.get("replicas") == 2 else None
+
+    wait_for(counted, timeout=120, what="the serving's status asking for 2 decode instances")
+    after = get(kubectl, namespace, "leaderworkerset", decode)
+    assert after is not None and after["spec"]["replicas"] == 2
+    assert FIELD_MANAGER not in replicas_managers(after), after["metadata"]["managedFields"]

@@ -133,3 +133,20 @@ def test_no_deletion_cost_where_lws_picks_the_instances_that_go() -> None:
     rev = revision.of_template(revision.engine_template(workload(live, LWS))) or ""
     result = sync(fixed, [*live, engine_pod("decode-1", "decode", rev, "0")], READY, at=T1)
     assert workload(result.apply, LWS)["spec"]["replicas"] == 1 and result.annotate == []
+
+
+def test_a_role_that_changes_kind_says_its_pods_go_at_once() -> None:
+    single = parent()
+    live = observed(single)
+    result = sync(parent(TWO_NODES), live, READY, at=T1)
+    assert "Deployment/demo-decode" in refs(result.delete) and LWS in refs(result.apply)
+    (warning,) = [e for e in result.events if e.reason == "WorkloadReplaced"]
+    assert warning.type == "Warning"
+    assert warning.message.startswith("Deployment/demo-decode goes: spec.decode.nodesPerInstance makes the role a ")
+    assert "serves nothing until the new instances are Ready" in warning.message
+    # and a pass that changes nothing of the kind says nothing of it
+    assert not [
+        e
+        for e in sync(parent(TWO_NODES), observed(parent(TWO_NODES)), READY, at=T1).events
+        if e.reason == "WorkloadReplaced"
+    ]
