@@ -102,36 +102,58 @@ def _device(container: dict[str, Any]) -> str | None:
     return None
 
 
-def rendered_engines(example: str) -> list[dict[str, Any]]:
-    """The vllm container of every prefill and decode Deployment `duplex render -f example` prints."""
+def _rendered(example: str) -> list[dict[str, Any]]:
     duplex = Path(sys.executable).with_name("duplex")
     proc = subprocess.run([str(duplex), "render", "-f", example], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"duplex render -f {example} failed:\n{proc.stderr}"
+    return [obj for obj in yaml.safe_load_all(proc.stdout) if obj]
+
+
+def _entry(name: str, role: str, example: str, template: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """The pod template's vllm container as a checker entry, its $(VAR) references expanded from `env` as the
+    kubelet expands them."""
+    containers = [c for c in template["spec"]["containers"] if c["name"] == "vllm"]
+    assert len(containers) == 1, f"{name}: expected one container named vllm"
+    c = containers[0]
+    argv = [*(c.get("command") or []), *(c.get("args") or [])]
+    for var, value in env.items():
+        argv = [a.replace(f"$({var})", value) for a in argv]
+    return {"name": name, "role": role, "example": example, "argv": argv, "device": _device(c)}
+
+
+def rendered_engines(example: str) -> list[dict[str, Any]]:
+    """The vllm container of every prefill and decode Deployment `duplex render -f example` prints."""
     entries = []
-    for obj in yaml.safe_load_all(proc.stdout):
-        if not obj or obj.get("kind") != "Deployment":
-            continue
+    for obj in _rendered(example):
         role = obj["metadata"].get("labels", {}).get("duplex.dev/role")
-        if role not in ROLES:
-            continue
-        containers = [c for c in obj["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
-        assert len(containers) == 1, f"{obj['metadata']['name']}: expected one container named vllm"
-        c = containers[0]
-        entries.append(
-            {
-                "name": obj["metadata"]["name"],
-                "role": role,
-                "example": example,
-                "argv": [*(c.get("command") or []), *(c.get("args") or [])],
-                "device": _device(c),
-            }
-        )
+        if obj.get("kind") == "Deployment" and role in ROLES:
+            entries.append(_entry(obj["metadata"]["name"], role, example, obj["spec"]["template"], {}))
     return entries
+
+
+def rendered_ranks(example: str) -> list[dict[str, Any]]:
+    """The leader and a worker of every LeaderWorkerSet `duplex render -f example` prints, with the environment
+    LWS gives a group's second pod."""
+    entries = []
+    for obj in _rendered(example):
+        if obj.get("kind") != "LeaderWorkerSet":
+            continue
+        name, lwt = obj["metadata"]["name"], obj["spec"]["leaderWorkerTemplate"]
+        env = {"LWS_WORKER_INDEX": "1", "LWS_LEADER_ADDRESS": f"{name}-0.{name}-0.default"}
+        for rank in ("leader", "worker"):
+            template = lwt[f"{rank}Template"]
+            entries.append(
+                _entry(f"{name}-{rank}", obj["metadata"]["labels"]["duplex.dev/role"], example, template, env)
+            )
+    return entries
+
+
+MULTINODE = "examples/multinode-decode.yaml"  # every role's instance spans two nodes: a leader and a worker each
 
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, dict[str, Any]]:
-    engines = [e for example in EXPECTED for e in rendered_engines(example)]
+    engines = [e for example in EXPECTED for e in rendered_engines(example)] + rendered_ranks(MULTINODE)
     return {e["name"]: e for e in engines}
 
 
@@ -188,6 +210,33 @@ def test_vllm_reads_the_kv_transfer_config_we_meant(example, rendered, rendered_
             assert got == value, f"{name}: engine config {key} = {got!r}, want {value!r}"
         scheduler = next(c for c in result["checks"] if c["check"] == "nixl_scheduler")
         assert "'bidirectional_kv_xfer': True" in scheduler["detail"]
+
+
+def test_vllm_reads_the_multinode_launch_of_every_rank(rendered, rendered_run):
+    """Each rank of a LeaderWorkerSet, as the kubelet runs it, is one vLLM instance of TP 8 x PP 2 over two nodes
+    with the multiprocessing backend: rank 0 the leader, rank 1 a worker that reaches it at LWS's leader address."""
+    ranks = {n: e for n, e in rendered.items() if e["example"] == MULTINODE}
+    assert set(ranks) == {f"kimi-k2-{r}-{k}" for r in ROLES for k in ("leader", "worker")}
+    results = rendered_run.by_name()
+    for name, entry in ranks.items():
+        engine = results[name]["engine_config"]
+        assert engine is not None, f"{name}: {results[name]['errors']}"
+        leader = name.endswith("-leader")
+        want = {
+            "tensor_parallel_size": 8,
+            "pipeline_parallel_size": 2,
+            "world_size": 16,
+            "nnodes": 2,
+            "node_rank": 0 if leader else 1,
+            "master_addr": f"kimi-k2-{entry['role']}-0.kimi-k2-{entry['role']}-0.default",
+            "distributed_executor_backend": "mp",
+            "max_model_len": 131072,
+        }
+        assert {k: engine[k] for k in want} == want, name
+        assert ("--headless" in entry["argv"]) is not leader, name
+        kv = results[name]["kv_transfer_config"]
+        assert kv["kv_role"] == ("kv_producer" if entry["role"] == "prefill" else "kv_consumer"), name
+        assert kv["kv_connector_extra_config"]["bidirectional_kv_xfer"] is True
 
 
 # A hand-written command line (the reference launch of the protocol doc, section 4.1, with the keys vLLM 0.33 still
