@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -46,6 +47,10 @@ from .rig import (
     keyed_engines,
     wait_ready_engines,
 )
+
+# The observability tier's metric lists and scrape parser, for test_vllm_metric_names.py (which reads this session's
+# engines rather than starting a pair of its own).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "observability"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
