@@ -42,6 +42,7 @@ import autoscale_report
 import procstat
 import results_io
 from lifecycle_bench import SERVING, TOOL_OUTPUT, Cluster, wait_for
+from slots import Slots
 
 from duplex_dev import images
 from duplex_dev.cluster import LocalCluster, rest, tools
@@ -117,23 +118,21 @@ class StepLoad:
     think: tuple[float, float] = (0.5, 1.5)
     log: list[Turn] = field(default_factory=list)
     t0: float = 0.0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _threads: list[threading.Thread] = field(default_factory=list)
+    _slots: Slots = field(default_factory=Slots)
+
+    @property
+    def _stop(self) -> threading.Event:
+        return self._slots.stopping
 
     def now(self) -> float:
         return time.monotonic() - self.t0
 
     def start(self) -> None:
         self.t0 = time.monotonic()
-        for i in range(self.profile.peak):
-            thread = threading.Thread(target=self._run, args=(i, random.Random(i)), daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._slots.start(self.profile.peak, self._run)
 
     def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=180)
+        self._slots.stop()
 
     def _active(self, slot: int) -> bool:
         return not self._stop.is_set() and slot < self.profile.level(self.now())

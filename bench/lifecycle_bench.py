@@ -45,6 +45,7 @@ ROOT = Path(BENCH).parent
 sys.path.insert(0, BENCH)
 
 import results_io
+from slots import Slots
 
 from duplex_dev import images
 from duplex_dev.cluster import LocalCluster, tools
@@ -127,21 +128,19 @@ class Load:
     think: tuple[float, float] = (0.5, 2.0)
     turns: int = 10
     log: list[Turn] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _threads: list[threading.Thread] = field(default_factory=list)
+    _slots: Slots = field(default_factory=Slots)
+
+    @property
+    def _stop(self) -> threading.Event:
+        return self._slots.stopping
 
     def start(self) -> None:
-        for i in range(self.conversations):
-            thread = threading.Thread(target=self._run, args=(random.Random(i),), daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._slots.start(self.conversations, self._run)
 
     def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=180)
+        self._slots.stop()
 
-    def _run(self, rng: random.Random) -> None:
+    def _run(self, _slot: int, rng: random.Random) -> None:
         while not self._stop.is_set():
             cid = f"bench-{uuid.uuid4().hex[:10]}"
             messages: list[dict[str, Any]] = [{"role": "user", "content": "Summarise this. " + TOOL_OUTPUT}]
