@@ -2,9 +2,10 @@
 
 Fixed: the operator's apply carries `replicas` and wins; a value someone else wrote is set back, with an Event.
 External: the operator's apply leaves `replicas` out, so an HPA, KEDA or `kubectl scale` owns it through the
-Deployment's scale subresource (a LeaderWorkerSet's, in instances, for a role whose instances span nodes). Server-side
-apply deletes a field its only manager stops applying, which would reset the workload to 1 replica, so before the first apply without it the field is applied at its live value by a
-second field manager (HANDOVER); the operator's own claim then goes and the value stays. Pure: observed objects in,
+Deployment's scale subresource (a LeaderWorkerSet's, in instances, for a role whose instances span nodes).
+Server-side apply deletes a field its only manager stops applying, which would reset the workload to 1 replica, so
+before the first apply without it the field is applied at its live value by a second field manager (HANDOVER); the
+operator's own claim then goes and the value stays. Pure: observed objects in,
 handovers, desired sizes and Events out.
 """
 

@@ -31,6 +31,7 @@ from typing import Any
 from duplex import kv_change
 from duplex.children.kinds import DEPLOYMENT, LEADER_WORKER_SET, SERVICE, WORKLOAD_KINDS, ChildKind, kind_of
 from duplex.children.labels import ENGINE_HASH_ANNOTATION, KV_REVISION_LABEL, ROLE_LABEL, config_hash
+from duplex.children.lws import rank_templates
 
 ENV = "DUPLEX_KV_REVISION"  # the engine guard and the simulator read it (duplex_sidecars.protocol names it too)
 GATE = "duplex.dev/kv-paired"
@@ -55,19 +56,14 @@ def of_template(template: Mapping[str, Any] | None) -> str | None:
 def engine_template(workload: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The pod template that serves a workload's engine: a Deployment's, a LeaderWorkerSet's leader's (None: no
     workload, or not one of these kinds)."""
-    spec = (workload or {}).get("spec") or {}
     kind = kind_of(dict(workload or {}))
     if kind is LEADER_WORKER_SET:
-        template: dict[str, Any] | None = (spec.get("leaderWorkerTemplate") or {}).get("leaderTemplate")
-        return template
-    return spec.get("template") if kind is DEPLOYMENT else None
+        return rank_templates(workload or {})[0]
+    return ((workload or {}).get("spec") or {}).get("template") if kind is DEPLOYMENT else None
 
 
 def _worker_template(workload: Mapping[str, Any]) -> dict[str, Any] | None:
-    if kind_of(dict(workload)) is not LEADER_WORKER_SET:
-        return None
-    template: dict[str, Any] | None = (workload["spec"].get("leaderWorkerTemplate") or {}).get("workerTemplate")
-    return template
+    return rank_templates(workload)[1] if kind_of(dict(workload)) is LEADER_WORKER_SET else None
 
 
 def _engine_role(obj: Mapping[str, Any], kinds: tuple[ChildKind, ...]) -> str | None:
@@ -83,14 +79,13 @@ def stamp(children: Sequence[dict[str, Any]], legacy: bool = False) -> list[dict
     engines = {role: c for c in out if (role := _engine_role(c, WORKLOAD_KINDS))}
     if set(engines) != set(ENGINE_ROLES):
         return out
-    templates = {role: engine_template(w) for role, w in engines.items()}
-    rev = "" if legacy else of({role: t for role, t in templates.items() if t is not None})
-    for role, workload in engines.items():
-        if legacy:
-            continue
-        _stamp_template(templates[role] or {}, rev, gate=True)
-        if (worker := _worker_template(workload)) is not None:
-            _stamp_template(worker, rev, gate=False)  # the leader answers for its instance
+    templates = {role: t for role, w in engines.items() if (t := engine_template(w)) is not None}
+    rev = "" if legacy else of(templates)
+    if not legacy:
+        for role, workload in engines.items():
+            _stamp_template(templates[role], rev, gate=True)
+            if (worker := _worker_template(workload)) is not None:
+                _stamp_template(worker, rev, gate=False)  # the leader answers for its instance
     for service in (c for c in out if _engine_role(c, (SERVICE,))):
         service["metadata"].setdefault("labels", {})[KV_REVISION_LABEL] = rev
     return out

@@ -11,6 +11,7 @@ LWS gives each pod LWS_LEADER_ADDRESS and LWS_WORKER_INDEX, which the kubelet ex
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 from duplex.children.kinds import LEADER_WORKER_SET
@@ -31,6 +32,12 @@ SUBDOMAIN_POLICY = "UniquePerReplica"
 # rank's own hook only holds it while the leader answers) and no NIXL handshake (vLLM's scheduler, on the leader,
 # serves the handshake of every rank).
 _LEADER_ONLY = ("ports", "startupProbe", "readinessProbe", "livenessProbe", "lifecycle")
+
+
+def rank_templates(lws: Mapping[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The (leader, worker) pod templates of a LeaderWorkerSet."""
+    group = (lws.get("spec") or {}).get("leaderWorkerTemplate") or {}
+    return group.get("leaderTemplate"), group.get("workerTemplate")
 
 
 def launch_args(role: EngineRole, leader: bool) -> list[str]:
