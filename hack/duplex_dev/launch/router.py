@@ -12,26 +12,27 @@ ports (for tests and benchmarks).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from typing import Any
 
 from duplex_dev import processes
+from duplex_dev.launch.child import Child
 from duplex_dev.launch.engine_key import DEV_ENGINE_KEY, ROUTER_ENV
-from duplex_dev.processes import LaunchError, free_port
+from duplex_dev.processes import free_port
 
 
-class RouterProcess:
+class RouterProcess(Child):
     def __init__(
         self,
         *extra_args: str,
-        prefill: list[str] = (),
-        decode: list[str] = (),  # type: ignore[assignment]
+        prefill: Sequence[str] = (),
+        decode: Sequence[str] = (),
         config: dict[str, Any] | str | None = None,
         host: str = "127.0.0.1",
         port: int | None = None,
@@ -81,25 +82,22 @@ class RouterProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
+        self._startup = self._startup_for(self.startup_timeout)
         return self
+
+    def _startup_for(self, timeout: float, path: str = "/health") -> processes.Startup:
+        assert self.process is not None, "start() first"
+        url = self.url + path
+        return processes.Startup(
+            f"duplex router on {url}", lambda: processes.answers(url), self.process.poll, self.log_path, timeout
+        )
 
     def wait_ready(self, timeout: float | None = None, path: str = "/health") -> RouterProcess:
         """Wait until GET `path` answers 200 (/ready: also until its engines are healthy); stop it if it does not."""
-        assert self.process is not None, "start() first"
-        url = self.url + path
-        startup = processes.Startup(
-            f"duplex router on {url}",
-            lambda: processes.answers(url),
-            self.process.poll,
-            self.log_path,
-            timeout or self.startup_timeout,
-        )
-        try:
-            startup.wait()
-        except LaunchError:
-            self.stop()
-            raise
-        return self
+        if path != "/health":
+            self._startup = self._startup_for(timeout or self.startup_timeout, path)
+            timeout = None
+        return super().wait_ready(timeout)
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """Stop the router; its temporary files go with it, except the log of a router that did not exit cleanly."""
@@ -111,30 +109,3 @@ class RouterProcess:
             with contextlib.suppress(OSError):
                 os.remove(self.log_path)
         return code
-
-    def log_tail(self, lines: int = 40) -> str:
-        return processes.log_tail(self.log_path, lines)
-
-    def metric(self, name: str, **labels: str) -> float:
-        return processes.metric_sum(processes.scrape(self.url + "/metrics"), name, **labels)
-
-    def __enter__(self) -> RouterProcess:
-        try:
-            return self.start().wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *_: Any) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> RouterProcess:
-        try:
-            self.start()
-            return await asyncio.to_thread(self.wait_ready)
-        except BaseException:
-            self.stop()
-            raise
-
-    async def __aexit__(self, *_: Any) -> None:
-        await asyncio.to_thread(self.stop)

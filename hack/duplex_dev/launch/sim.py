@@ -35,12 +35,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from duplex_dev import processes
+from duplex_dev.launch.child import Child
 from duplex_dev.processes import LaunchError, free_port
 
 
@@ -48,7 +48,7 @@ class SimStartError(LaunchError):
     pass
 
 
-class SimProcess:
+class SimProcess(Child):
     def __init__(
         self,
         role: str,
@@ -117,18 +117,13 @@ class SimProcess:
             SimStartError,
         )
 
-    def _check(self) -> bool:
-        """True when healthy; raises when the engine died or the deadline passed; restarts after a port clash."""
-        assert self._startup is not None, "start() first"
-        try:
-            return self._startup.check()
-        except SimStartError:
-            if self._lost_a_port():
-                self.port, self.side_channel_port = free_port(self.host), free_port(self.host)
-                self.start()
-                return False
-            self.stop()
-            raise
+    def _started_again(self) -> bool:
+        """After a port clash, start once more on new ports."""
+        if not self._lost_a_port():
+            return False
+        self.port, self.side_channel_port = free_port(self.host), free_port(self.host)
+        self.start()
+        return True
 
     def _lost_a_port(self) -> bool:
         """It exited because a port picked for it was taken meanwhile (free_port only knows it was free then)."""
@@ -136,58 +131,12 @@ class SimProcess:
             return False
         return "address already in use" in self.log_tail().lower()
 
-    def wait_ready(self, timeout: float | None = None) -> SimProcess:
-        if timeout is not None:
-            self._startup = self._startup_for(timeout)
-        while not self._check():
-            time.sleep(0.05)
-        return self
-
-    async def wait_ready_async(self, timeout: float | None = None) -> SimProcess:
-        if timeout is not None:
-            self._startup = self._startup_for(timeout)
-        while not await asyncio.to_thread(self._check):
-            await asyncio.sleep(0.05)
-        return self
-
     def stop(self, timeout: float = 10.0) -> int | None:
         code = processes.stop_child(self.process, timeout)
         if code == 0 and not self.keep_log:
             with contextlib.suppress(OSError):
                 os.remove(self.log_path)
         return code
-
-    def log_tail(self, lines: int = 40) -> str:
-        return processes.log_tail(self.log_path, lines)
-
-    # -- observation ------------------------------------------------------------------------------------------
-    def metrics(self) -> list[tuple[str, dict[str, str], float]]:
-        return processes.scrape(f"{self.url}/metrics")
-
-    def metric(self, name: str, **labels: str) -> float:
-        return processes.metric_sum(self.metrics(), name, **labels)
-
-    # -- context managers -------------------------------------------------------------------------------------
-    def __enter__(self) -> SimProcess:
-        try:
-            return self.start().wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *_: Any) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> SimProcess:
-        try:
-            self.start()
-            return await self.wait_ready_async()
-        except BaseException:
-            self.stop()
-            raise
-
-    async def __aexit__(self, *_: Any) -> None:
-        await asyncio.to_thread(self.stop)
 
 
 @contextlib.contextmanager

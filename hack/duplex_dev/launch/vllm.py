@@ -45,6 +45,7 @@ from typing import Any
 import yaml
 
 from duplex_dev import models, processes
+from duplex_dev.launch.child import Child
 from duplex_dev.launch.engine_key import DEV_ENGINE_KEY, ENGINE_ENV
 from duplex_dev.processes import LaunchError, free_port
 
@@ -377,7 +378,11 @@ def cpu_command(
     return cmd, changes
 
 
-class VllmEngine:
+class VllmEngine(Child):
+    log_path: Path
+    poll_interval = 0.5
+    scrape_timeout = 60.0  # a CPU engine busy with a prefill on shared cores can take seconds to answer a scrape
+
     def __init__(
         self,
         role: str,
@@ -451,29 +456,6 @@ class VllmEngine:
             VllmStartError,
         )
 
-    def _check(self) -> bool:
-        """True when healthy; raises when the engine exited or the deadline passed."""
-        assert self._startup is not None, "start() first"
-        try:
-            return self._startup.check()
-        except VllmStartError:
-            self.stop()
-            raise
-
-    def wait_ready(self, timeout: float | None = None) -> VllmEngine:
-        if timeout is not None:
-            self._startup = self._startup_for(timeout)
-        while not self._check():
-            time.sleep(0.5)
-        return self
-
-    async def wait_ready_async(self, timeout: float | None = None) -> VllmEngine:
-        if timeout is not None:
-            self._startup = self._startup_for(timeout)
-        while not await asyncio.to_thread(self._check):
-            await asyncio.sleep(0.5)
-        return self
-
     def stop(self, grace: float = 30.0) -> bool:
         """Stop the engine's process group; True when nothing of it is left. The log goes unless keep_log."""
         if self.record is None:
@@ -498,39 +480,6 @@ class VllmEngine:
     def restart(self) -> VllmEngine:
         self.kill()
         return self.start()
-
-    def log_tail(self, lines: int = 40) -> str:
-        return processes.log_tail(self.log_path, lines)
-
-    # -- observation ------------------------------------------------------------------------------------------
-    def metrics(self) -> list[tuple[str, dict[str, str], float]]:
-        # A CPU engine busy with a prefill on shared cores can take seconds to answer a scrape.
-        return processes.scrape(f"{self.url}/metrics", timeout=60)
-
-    def metric(self, name: str, **labels: str) -> float:
-        return processes.metric_sum(self.metrics(), name, **labels)
-
-    # -- context managers -------------------------------------------------------------------------------------
-    def __enter__(self) -> VllmEngine:
-        try:
-            return self.start().wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *_: Any) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> VllmEngine:
-        try:
-            self.start()
-            return await self.wait_ready_async()
-        except BaseException:
-            self.stop()
-            raise
-
-    async def __aexit__(self, *_: Any) -> None:
-        await asyncio.to_thread(self.stop)
 
 
 def start_all(engines: list[VllmEngine]) -> list[VllmEngine]:
