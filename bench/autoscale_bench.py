@@ -42,6 +42,7 @@ import autoscale_report
 import procstat
 import results_io
 from lifecycle_bench import SERVING, TOOL_OUTPUT, Cluster, wait_for
+from loadgen import Stream
 from slots import Slots
 
 from duplex_dev import images
@@ -172,33 +173,22 @@ class StepLoad:
         )
         started = time.monotonic()
         turn = Turn(started - self.t0, 0.0, False, first)
-        parts: list[str] = []
-        done = False
+        said = Stream()
         try:
             with urllib.request.urlopen(req, timeout=120) as resp:
                 turn.prefill_ms, turn.kv = _receipt(resp.headers.get("Server-Timing", ""))
                 for raw in resp:
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        done = True
-                        break
-                    event = json.loads(data)
-                    if "error" in event:
-                        raise ValueError(f"in-band error: {event['error']}")
-                    content = (event["choices"][0].get("delta") or {}).get("content") or ""
-                    if content and turn.ttft is None:
+                    if said.take(raw.strip()) and turn.ttft is None:
                         turn.ttft = time.monotonic() - started
-                    parts.append(content)
-            if not done:
+                    if said.done:
+                        break
+            if not said.done:
                 raise ValueError("the stream ended without [DONE]")
             turn.ok = turn.ttft is not None
         except (OSError, ValueError, KeyError, IndexError) as exc:
             turn.error = f"{type(exc).__name__}: {exc}"[:200]
         turn.ended = time.monotonic() - self.t0
-        return turn, "".join(parts) if turn.ok else None
+        return turn, "".join(said.parts) if turn.ok else None
 
 
 def _receipt(header: str) -> tuple[float | None, str]:

@@ -91,6 +91,39 @@ class Contender(Protocol):
     async def turn(self, session: aiohttp.ClientSession, conv: Conversation, stream: bool) -> Outcome: ...
 
 
+class InBandError(ValueError):
+    """The stream carried an error event (the answer had started, so it could not be an HTTP status)."""
+
+
+@dataclass
+class Stream:
+    """What a chat completion's SSE stream has said so far, taken a line at a time."""
+
+    parts: list[str] = field(default_factory=list)  # the reply's text, as it came
+    kv: Any = None  # kv_transfer_params, if an event carried them
+    done: bool = False  # [DONE] came
+
+    def take(self, line: bytes) -> bool:
+        """Read one line of the stream; True when it carried reply text. Raises InBandError on an error event."""
+        if not line.startswith(b"data:"):
+            return False
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            self.done = True
+            return False
+        event = json.loads(data)
+        if "error" in event:
+            raise InBandError(f"in-band error: {event['error']}")
+        if KV_PARAMS_FIELD in event:
+            self.kv = event[KV_PARAMS_FIELD]
+        before = len(self.parts)
+        for choice in event.get("choices") or ():
+            content = (choice.get("delta") or {}).get("content")
+            if content:
+                self.parts.append(content)
+        return len(self.parts) > before
+
+
 async def read_reply(resp: aiohttp.ClientResponse, stream: bool, out: Outcome) -> None:
     """Read a chat completion (JSON or SSE) into `out`: time of the first body byte, the reply text, kv params."""
     if resp.status != 200:
@@ -98,8 +131,7 @@ async def read_reply(resp: aiohttp.ClientResponse, stream: bool, out: Outcome) -
         out.ok, out.error = False, f"HTTP {resp.status}: {body[:200]!r}"
         return
     buf = bytearray()
-    parts: list[str] = []
-    done = False
+    said = Stream()
     async for chunk in resp.content.iter_any():
         if not out.first_byte:
             out.first_byte = time.perf_counter()
@@ -112,28 +144,17 @@ async def read_reply(resp: aiohttp.ClientResponse, stream: bool, out: Outcome) -
                 break
             event = bytes(buf[:end])
             del buf[: end + 2]
-            for line in event.split(b"\n"):
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    done = True
-                    continue
-                obj = json.loads(data)
-                if "error" in obj:
-                    out.ok, out.error = False, f"in-band error: {obj['error']}"
-                    return
-                if KV_PARAMS_FIELD in obj:
-                    out.kv = obj[KV_PARAMS_FIELD]
-                for choice in obj.get("choices") or ():
-                    content = (choice.get("delta") or {}).get("content")
-                    if content:
-                        parts.append(content)
+            try:
+                for line in event.split(b"\n"):
+                    said.take(line)
+            except InBandError as err:
+                out.ok, out.error = False, str(err)
+                return
     out.finished = time.perf_counter()
     if stream:
-        out.text = "".join(parts)
-        out.ok = done
-        if not done:
+        out.text, out.kv = "".join(said.parts), said.kv
+        out.ok = said.done
+        if not said.done:
             out.error = "stream ended without [DONE]"
         return
     obj = json.loads(buf)
