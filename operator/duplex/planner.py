@@ -3,12 +3,12 @@
 decision out, with its inputs for status.
 
 Each role is sized so that its saturation (legs in flight over what its engines run at once) would meet
-spec.autoscaling.targetSaturation: ceil(demand / target), where demand is the legs in flight in engines' worth,
-summed over routers (each counts its own legs). Demand does not depend on how many pods measured it, so a report
-taken before a scale-up does not scale again once the pods are there. While the time to first token misses its
-objective, prefill gets one pod more, once per minute measured wholly after its last scale-up (a TTFT from before it
-says nothing of the pods it added) and of at least TTFT_MIN_TURNS turns. The prefill-per-decode bounds raise the smaller role. Up at once; down only after the
-recommendation has stayed below the size for scaleDownSeconds, and then to the highest recommendation of that
+spec.autoscaling.targetSaturation: ceil(demand / target), where demand is the legs in flight in engines' worth, summed
+over routers (each counts its own legs). Demand does not depend on how many pods measured it, so a report taken before a
+scale-up does not scale again once the pods are there. While the time to first token misses its objective, prefill gets
+one pod more, once per minute measured wholly after its last scale-up (a TTFT from before it says nothing of the pods it
+added) and of at least TTFT_MIN_TURNS turns. The prefill-per-decode bounds raise the smaller role. Up at once; down only
+after the recommendation has stayed below the size for scaleDownSeconds, and then to the highest recommendation of that
 window. The last decision lives in status, so an operator restart carries on where it was.
 """
 

@@ -1,9 +1,10 @@
 """How engine pods end without losing what they hold (docs/architecture.md, "Draining").
 
-* Decode: a preStop hook (duplex_drain.py, from the engine guard's ConfigMap) holds a terminating pod until the
-  routers hold no active binding (stored within drain.activeSeconds) and no leg on it, or until the drain deadline. Meanwhile the pod serves: its EndpointSlice
-  entry is `terminating` but `serving`, so the routers read its blocks for each bound conversation's next turn and
-  bind that turn elsewhere. Then SIGTERM; vLLM's --shutdown-timeout lets generations still running finish.
+* Decode: a preStop hook (duplex_drain.py, from the engine guard's ConfigMap) holds a terminating pod until the routers
+  hold no active binding (stored within drain.activeSeconds) and no leg on it, or until the drain deadline. Meanwhile
+  the pod serves: its EndpointSlice entry is `terminating` but `serving`, so the routers read its blocks for each bound
+  conversation's next turn and bind that turn elsewhere. Then SIGTERM; vLLM's --shutdown-timeout lets generations still
+  running finish.
 * Prefill: a preStop hook (the same script) holds a terminating pod while it is the only prefill pod of its KV
   revision the routers can use (a node drain or an eviction of a single prefill), until another serves or
   prefill.drain.deadlineSeconds; the routers give it new legs only when nothing else is left. A rollout's surge pod is

@@ -74,12 +74,12 @@ def leader_worker_set(
     replicas: dict[str, int],
     worker_pre_stop: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The role's LeaderWorkerSet: groups of nodesPerInstance pods, from the role's engine pod `template`;
-    `replicas`: {"replicas": groups}, or {} when another writer owns them (scaling.mode External). A group starts its workers as soon as its leader exists (LeaderCreated: the leader is Ready only
-    once every rank has joined it), is recreated whole when one of its pods restarts (a lost rank breaks the
-    instance), finds its leader through a Service of its own (SUBDOMAIN_POLICY), and rolls by the role's rollout
-    bounds counted in groups. `worker_pre_stop`: the workers' hook (lifecycle.worker_pre_stop), which keeps a group
-    that goes as a unit whole while its leader drains."""
+    """The role's LeaderWorkerSet: groups of nodesPerInstance pods, from the role's engine pod `template`; `replicas`:
+    {"replicas": groups}, or {} when another writer owns them (scaling.mode External). A group starts its workers as
+    soon as its leader exists (LeaderCreated: the leader is Ready only once every rank has joined it), is recreated
+    whole when one of its pods restarts (a lost rank breaks the instance), finds its leader through a Service of its own
+    (SUBDOMAIN_POLICY), and rolls by the role's rollout bounds counted in groups. `worker_pre_stop`: the workers' hook
+    (lifecycle.worker_pre_stop), which keeps a group that goes as a unit whole while its leader drains."""
     rollout = role.spec.rollout
     meta = copy.deepcopy(metadata)
     if role.spec.instance_topology_key:

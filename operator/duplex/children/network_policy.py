@@ -1,11 +1,12 @@
 """NetworkPolicies of one serving: nobody reaches the engines but its router.
 
 * Engines (one policy per role): the HTTP port only from this serving's router pods, and from the pods of
-  `network.networkPolicy.metricsNamespaces` (vLLM serves /metrics on the same port; every path but /health and
-  /metrics needs the engine key: vLLM guards /v1, the engine guard (engine_guard.py) the rest); the NIXL side channel and transport only from the other role's pods of this serving (prefill reads decode's
-  blocks back, decode reads prefill's). UCX's TCP transport listens on ports it picks at run time, so the transport
-  rule opens every port but HTTP to the peer role, and only to it. A role whose instances span nodes also opens the
-  same ports to its own pods: the ranks of an instance rendezvous and talk over TCP (never over HTTP).
+  `network.networkPolicy.metricsNamespaces` (vLLM serves /metrics on the same port; every path but /health and /metrics
+  needs the engine key: vLLM guards /v1, the engine guard (engine_guard.py) the rest); the NIXL side channel and
+  transport only from the other role's pods of this serving (prefill reads decode's blocks back, decode reads
+  prefill's). UCX's TCP transport listens on ports it picks at run time, so the transport rule opens every port but HTTP
+  to the peer role, and only to it. A role whose instances span nodes also opens the same ports to its own pods: the
+  ranks of an instance rendezvous and talk over TCP (never over HTTP).
 * Router: its API port open to everyone (it is the API edge); its admin port (/metrics, /ready's detail: the
   topology) only from the pods of `metricsNamespaces`, and from this serving's decode pods, whose preStop hook asks
   it what they still hold (/drain, with the engine key).
