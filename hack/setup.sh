@@ -48,7 +48,7 @@ if [ "$LEVEL" = run ]; then
   step "local cluster binaries: control plane, kwok, helm, the real node (cold: about 10 min on 2 cores)"
   DUPLEX_TOOLS=run bash hack/build-tools.sh > "$CACHE/tools-dir.txt"
 else
-  step "local cluster binaries, the chart's checkers, the InferencePool CRD and Jaeger (cold: about 17 min on 2 cores; about 10 after the run level)"
+  step "local cluster binaries, the chart's checkers, the InferencePool CRD and Jaeger (cold: about 19 min on 2 cores; about 10 after the run level)"
   bash hack/build-tools.sh > "$CACHE/tools-dir.txt"
 fi
 echo "tools in $(cat "$CACHE/tools-dir.txt")"
