@@ -18,6 +18,7 @@ PROMISED = {
     "TTFT (router) with and without reuse": {"duplex_router_time_to_first_token_seconds_bucket"},
     "NIXL transfer time": {"vllm:nixl_xfer_time_seconds_bucket"},
     "Conversation store": {"duplex_router_store_entries", "duplex_router_store_bytes"},
+    "Gap between a conversation's turns": {"duplex_router_turn_gap_seconds_bucket"},
     "Reconciles by result": {"duplex_reconciles_total"},
 }
 

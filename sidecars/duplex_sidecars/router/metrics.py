@@ -54,6 +54,9 @@ class _Children:
 
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# Gaps between an agent's turns: tool calls of seconds to minutes, people of minutes; 420 and 480 s bracket the
+# default TTLs (vLLM's decoder_kv_blocks_ttl 480 s, the router's a margin below it).
+_TURN_GAP_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 180, 300, 420, 480, 600, 900, 1800, 3600)
 
 
 class RouterMetrics:
@@ -110,6 +113,14 @@ class RouterMetrics:
         self.reused_tokens = Counter(
             "duplex_router_kv_reused_tokens",
             "Sum of remote_num_tokens replayed to prefill (tokens offered for the D->P pull).",
+            registry=r,
+        )
+        self.turn_gap = Histogram(
+            "duplex_router_turn_gap_seconds",
+            "From a conversation's stored turn to its next turn, for each stored entry a turn found (the router's "
+            "TTL minus what was left of it): gaps past the TTL are in the expired misses while the store keeps the "
+            "entry, then in no_entry. What decodeBlocksTTL would need to cover a share of the turns.",
+            buckets=_TURN_GAP_BUCKETS,
             registry=r,
         )
         self.captures = _Children(

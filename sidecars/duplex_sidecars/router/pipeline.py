@@ -45,7 +45,7 @@ from duplex_sidecars.router.metrics import RouterMetrics
 from duplex_sidecars.router.picker import Hints, Picker
 from duplex_sidecars.router.relay import StreamRelay
 from duplex_sidecars.router.sse import SSEParser
-from duplex_sidecars.router.store import Store, StoreError
+from duplex_sidecars.router.store import ENDPOINT_GONE, Entry, Store, StoreError
 from duplex_sidecars.router.turn import Turn
 
 if TYPE_CHECKING:  # router/tracing.py loads OpenTelemetry: only when tracing is on
@@ -181,6 +181,7 @@ async def lookup(deps: Deps, turn: Turn, revision: str | None = None) -> reuse.D
         else:
             if entry is not None:
                 observe_store_bytes(deps)
+                observe_turn_gap(deps, entry)
         decode = deps.engines.decode
         cfg = deps.config.reuse
         decision = reuse.decide(
@@ -202,6 +203,13 @@ async def lookup(deps: Deps, turn: Turn, revision: str | None = None) -> reuse.D
         "replay" if decision.hit else f"miss ({decision.reason})",
     )
     return decision
+
+
+def observe_turn_gap(deps: Deps, entry: Entry) -> None:
+    """How long ago the conversation's previous turn was stored, from what was left of its TTL. An endpoint-gone
+    tombstone's time is when its engine left, not when the turn was stored."""
+    if entry.remaining is not None and entry.reason != ENDPOINT_GONE:
+        deps.metrics.turn_gap.observe(max(0.0, deps.config.conversation.ttl_seconds - entry.remaining))
 
 
 # ---- 2. prefill -----------------------------------------------------------------------------------------------------

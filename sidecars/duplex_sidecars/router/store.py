@@ -206,7 +206,17 @@ class Entry:
     The params are packed when the entry is made and unpacked by each read of `params`; `replayable` tells without
     unpacking."""
 
-    __slots__ = ("blob", "covered", "decode_url", "expired", "expires_at", "prefill_url", "reason", "scope")
+    __slots__ = (
+        "blob",
+        "covered",
+        "decode_url",
+        "expired",
+        "expires_at",
+        "prefill_url",
+        "reason",
+        "remaining",
+        "scope",
+    )
 
     def __init__(
         self,
@@ -228,6 +238,7 @@ class Entry:
         self.scope = scope
         self.expires_at = expires_at
         self.expired = False  # set by take()
+        self.remaining: float | None = None  # seconds of its TTL left when taken (negative: past it); set by take()
 
     @property
     def replayable(self) -> bool:
@@ -425,7 +436,8 @@ class MemoryStore:
         if row is not None:
             self._forget(key, row)
             entry = Entry.from_row(row)
-            entry.expired = now >= entry.expires_at
+            entry.remaining = entry.expires_at - now
+            entry.expired = entry.remaining <= 0
         self._sweep(now)
         return entry
 
@@ -602,7 +614,8 @@ class RedisStore:
         if raw is None:
             return None
         entry = Entry.from_bytes(self._open(self._key(key), raw))
-        entry.expired = time.time() >= entry.expires_at
+        entry.remaining = entry.expires_at - time.time()
+        entry.expired = entry.remaining <= 0
         return entry
 
     async def drop_endpoint(self, url: str) -> int:

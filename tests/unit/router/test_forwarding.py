@@ -455,6 +455,27 @@ async def test_expired_entries_are_not_replayed(make_rig):
     await rig.chat(history)
     assert kv_in(rig.p.seen[1]) == protocol.miss_params()
     assert rig.metric("duplex_router_kv_reuse_misses_total", reason="expired") == 1
+    # the turn came at least 0.3 s after the stored one, past the 0.2 s TTL: the gap says by how much
+    assert rig.metric("duplex_router_turn_gap_seconds_count") == 1
+    assert rig.metric("duplex_router_turn_gap_seconds_sum") >= 0.3
+
+
+async def test_the_gap_between_turns_is_measured_for_each_stored_turn_found(make_rig):
+    rig = await make_rig(n_decode=2)
+    gone, stays = rig.decode
+    texts = {}
+    for conv, engine in (("a", gone), ("b", stays)):
+        rig.router.engines.set_role(DECODE, [engine.url])
+        texts[conv] = (await rig.chat([USER], conv=conv))[2]
+    assert rig.metric("duplex_router_turn_gap_seconds_count") == 0  # first turns find nothing
+    rig.router.engines.set_role(DECODE, [stays.url])  # "a"'s entry becomes an endpoint-gone tombstone
+    for conv, text in texts.items():
+        history = [USER, {"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
+        await rig.chat(history, conv=conv)
+    assert rig.metric("duplex_router_kv_reuse_misses_total", reason="endpoint_gone") == 1
+    # the tombstone is no measured gap (Redis stamps it when its engine left); "b"'s is, well inside the TTL
+    assert rig.metric("duplex_router_turn_gap_seconds_count") == 1
+    assert rig.metric("duplex_router_turn_gap_seconds_bucket", le="60.0") == 1
 
 
 async def test_departed_decode_engine_drops_its_entries(make_rig):

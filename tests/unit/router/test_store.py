@@ -70,6 +70,7 @@ async def test_take_is_single_use(store):
     got = await store.take("k")
     assert got is not None and got.params == entry().params and got.covered == entry().covered
     assert not got.expired and got.scope == "s" and got.decode_url == D1
+    assert got.remaining is not None and 0 < got.remaining <= 60  # what was left of its TTL
     assert await store.take("k") is None
 
 
@@ -117,11 +118,11 @@ async def test_memory_ttl_and_grace():
     await s.put("k", entry(), ttl=5)
     clock.now += 4.9
     got = await s.take("k")
-    assert got is not None and not got.expired
+    assert got is not None and not got.expired and got.remaining == pytest.approx(0.1)
     await s.put("k", entry(), ttl=5)
     clock.now += 5
     got = await s.take("k")
-    assert got is not None and got.expired  # counted as expired, never replayed
+    assert got is not None and got.expired and got.remaining == 0  # counted as expired, never replayed
     await s.put("k", entry(), ttl=5)
     clock.now += 5 + EXPIRED_GRACE_SECONDS
     await s.sweep()
