@@ -210,7 +210,6 @@ class Entry:
         "blob",
         "covered",
         "decode_url",
-        "expired",
         "expires_at",
         "prefill_url",
         "reason",
@@ -237,8 +236,12 @@ class Entry:
         self.covered = covered
         self.scope = scope
         self.expires_at = expires_at
-        self.expired = False  # set by take()
         self.remaining: float | None = None  # seconds of its TTL left when taken (negative: past it); set by take()
+
+    @property
+    def expired(self) -> bool:
+        """Taken after its TTL (within the grace that keeps it readable): counted as expired, never replayed."""
+        return self.remaining is not None and self.remaining <= 0
 
     @property
     def replayable(self) -> bool:
@@ -437,7 +440,6 @@ class MemoryStore:
             self._forget(key, row)
             entry = Entry.from_row(row)
             entry.remaining = entry.expires_at - now
-            entry.expired = entry.remaining <= 0
         self._sweep(now)
         return entry
 
@@ -615,7 +617,6 @@ class RedisStore:
             return None
         entry = Entry.from_bytes(self._open(self._key(key), raw))
         entry.remaining = entry.expires_at - time.time()
-        entry.expired = entry.remaining <= 0
         return entry
 
     async def drop_endpoint(self, url: str) -> int:

@@ -86,7 +86,7 @@ def uncomparable(t):
             D1,
         ),
         ("engine left (tombstone)", turn(FOLLOW_UP), Entry(D1, reason="endpoint_gone"), {D1}, "endpoint_gone", None),
-        ("expired", turn(FOLLOW_UP), stored_entry(expired=True), {D1}, "expired", D1),
+        ("expired", turn(FOLLOW_UP), stored_entry(remaining=-1.0), {D1}, "expired", D1),
         ("engine left", turn(FOLLOW_UP), stored_entry(), {D2}, "endpoint_gone", None),
         ("other tools", turn(FOLLOW_UP, tools=[{"type": "function"}]), stored_entry(), {D1}, "scope_mismatch", D1),
         (
